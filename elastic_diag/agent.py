@@ -1,0 +1,317 @@
+"""DiagAgent: torch's LocalElasticAgent, plus evidence taken BEFORE torch tears the group down.
+
+torch's ``_monitor_workers`` polls the ranks and, in the same call, SIGTERMs every live rank the
+moment one has failed (multiprocessing/api.py, ``SubprocessContext._poll``). So the capture runs
+first, in our override, while every rank that is still alive is still alive:
+
+1. exit watchers (one thread per rank, ``os.waitid(..., WNOWAIT)``: they see the exit the instant
+   it happens, with a sub-millisecond time, and never reap, so Popen still gets the status);
+2. on the first failure, a bounded grace for the other ranks to exit on their own (a rank that
+   times out waiting for a dead peer exits within it; the grace ends as soon as all have exited);
+3. the stacks of the ranks still alive (faulthandler on SIGURG, works while blocked in gloo);
+4. the verdict (:mod:`elastic_diag.classify`) and report.json on disk;
+5. only then torch's own ``_monitor_workers``, which tears down; afterwards the verdict is refined
+   with the final exit codes, and torch's failure list is corrected so that its "Root Cause
+   (first observed failure)" and the launcher's error file name the initiating rank.
+
+Any error inside the diagnosis is recorded in the report and never changes what the job does.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import socket
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from subprocess import Popen
+from typing import Any
+
+from torch.distributed.elastic.agent.server.api import RunResult, WorkerGroup, WorkerState
+from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
+from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
+
+from elastic_diag import bootstrap
+from elastic_diag.capture import (
+    AttemptLayout,
+    DiagLogsSpecs,
+    RankLayout,
+    read_exception,
+    read_json,
+    read_stack_since,
+    read_tail,
+    stack_file_size,
+)
+from elastic_diag.classify import Diagnosis, classify_attempt
+from elastic_diag.config import DiagConfig
+from elastic_diag.evidence import AttemptEvidence, RankEvidence, parse_stack_dump
+from elastic_diag.session import DiagSession
+
+logger = logging.getLogger(__name__)
+
+Clock = Callable[[], float]
+Sleep = Callable[[float], None]
+_POLL_S = 0.02
+
+
+class ExitWatcher:
+    """Records the exact time each worker process exits, without reaping it."""
+
+    def __init__(self, pids: dict[int, int], clock: Clock = time.time) -> None:
+        self._clock = clock
+        self.exit_times: dict[int, float] = {}
+        self._lock = threading.Lock()
+        for key, pid in pids.items():
+            t = threading.Thread(target=self._watch, args=(key, pid), name=f"elastic-diag-exit-{key}", daemon=True)
+            t.start()
+
+    def _watch(self, key: int, pid: int) -> None:
+        try:
+            os.waitid(os.P_PID, pid, os.WEXITED | os.WNOWAIT)
+        except ChildProcessError:
+            return  # already reaped by Popen.poll(); the poller's time is used instead
+        except OSError:
+            return
+        with self._lock:
+            self.exit_times.setdefault(key, self._clock())
+
+    def time_of(self, key: int) -> float | None:
+        with self._lock:
+            return self.exit_times.get(key)
+
+
+def dump_stacks(
+    targets: dict[int, tuple[int, RankLayout]], timeout: float, clock: Clock = time.monotonic, sleep: Sleep = time.sleep
+) -> dict[int, str]:
+    """Ask each live rank for a faulthandler dump of all threads; wait at most ``timeout``."""
+    before = {k: stack_file_size(layout.dir) for k, (_, layout) in targets.items()}
+    pending = set()
+    for k, (pid, _) in targets.items():
+        try:
+            os.kill(pid, bootstrap.DUMP_SIGNAL)
+            pending.add(k)
+        except OSError:
+            pass
+    last: dict[int, int] = {}
+    deadline = clock() + timeout
+    while pending and clock() < deadline:
+        sleep(_POLL_S)
+        for k in list(pending):
+            size = stack_file_size(targets[k][1].dir)
+            if size > before[k] and last.get(k) == size:
+                pending.discard(k)
+            last[k] = size
+    return {k: read_stack_since(layout.dir, before[k]) for k, (_, layout) in targets.items()}
+
+
+@dataclass(slots=True)
+class _Worker:
+    rank: int
+    local_rank: int
+    proc: Popen[bytes]
+    layout: RankLayout
+
+
+class AttemptCapture:
+    """The evidence of one attempt of the local worker group."""
+
+    def __init__(
+        self,
+        *,
+        attempt: AttemptLayout,
+        workers: list[_Worker],
+        node: str,
+        config: DiagConfig,
+        session: DiagSession,
+        clock: Clock = time.time,
+        sleep: Sleep = time.sleep,
+    ) -> None:
+        self.attempt = attempt
+        self.workers = {w.local_rank: w for w in workers}
+        self.node = node
+        self.config = config
+        self.session = session
+        self._clock = clock
+        self._sleep = sleep
+        self.watcher = ExitWatcher({w.local_rank: w.proc.pid for w in workers}, clock)
+        self.poll_times: dict[int, float] = {}
+        self.decided = False
+        self.finished = False
+        self.alive_at_decision: set[int] = set()
+        self.stacks: dict[int, str] = {}
+        self.diagnosis: Diagnosis | None = None
+
+    # -- polling ----------------------------------------------------------------------------------
+    def _poll(self) -> dict[int, int | None]:
+        codes = {}
+        for lr, w in self.workers.items():
+            code = w.proc.poll()  # Popen's own bookkeeping; torch's later poll() sees the same code
+            if code is not None and lr not in self.poll_times:
+                self.poll_times[lr] = self._clock()
+            codes[lr] = code
+        return codes
+
+    def exit_time(self, lr: int) -> float | None:
+        return self.watcher.time_of(lr) or self.poll_times.get(lr)
+
+    def has_failure(self) -> bool:
+        return any(code not in (None, 0) for code in self._poll().values())
+
+    # -- the capture before teardown ---------------------------------------------------------------
+    def decide(self) -> Diagnosis:
+        """Grace, stacks of live ranks, verdict on disk; all before torch's teardown."""
+        deadline = time.monotonic() + self.config.grace_s
+        codes = self._poll()
+        while any(c is None for c in codes.values()) and time.monotonic() < deadline:
+            self._sleep(_POLL_S)
+            codes = self._poll()
+        alive = {lr for lr, c in codes.items() if c is None}
+        self.alive_at_decision = alive
+        if alive:
+            targets = {lr: (self.workers[lr].proc.pid, self.workers[lr].layout) for lr in alive}
+            self.stacks = dump_stacks(targets, self.config.stack_timeout_s, sleep=self._sleep)
+        self.decided = True
+        evidence = self.evidence(final=False)
+        self.diagnosis = classify_attempt(evidence)
+        self.session.record_attempt(evidence, self.diagnosis, status="failed", final=False)
+        return self.diagnosis
+
+    def evidence(self, *, final: bool) -> AttemptEvidence:
+        codes = self._poll()
+        stopped: set[int] = set()
+        alive_at_decision = set(self.alive_at_decision)
+        if final and not self.decided:
+            # torch saw the failure before we did: ranks it killed are the SIGTERM/SIGKILL exits
+            # that came after the first failure.
+            failures = [self.exit_time(lr) for lr, c in codes.items() if c not in (None, 0)]
+            first = min((t for t in failures if t is not None), default=None)
+            for lr, c in codes.items():
+                t = self.exit_time(lr)
+                if c in (-signal.SIGTERM, -signal.SIGKILL) and first is not None and t is not None and t > first:
+                    alive_at_decision.add(lr)
+        if final:
+            stopped = {lr for lr in alive_at_decision if codes.get(lr) is not None}
+        ranks = []
+        for lr, w in sorted(self.workers.items()):
+            info = read_json(w.layout.path(bootstrap.WORKER_FILE)) or {}
+            stack_text = self.stacks.get(lr, "")
+            start = info.get("start_time")
+            ranks.append(
+                RankEvidence(
+                    rank=w.rank,
+                    local_rank=lr,
+                    node=self.node,
+                    pid=w.proc.pid,
+                    exit_code=codes[lr],
+                    exit_time=self.exit_time(lr),
+                    start_time=float(start) if isinstance(start, int | float) else None,
+                    alive_at_decision=lr in alive_at_decision,
+                    stopped_by_agent=lr in stopped,
+                    exception=read_exception(w.layout.dir),
+                    stderr_tail=read_tail(w.layout.path(bootstrap.STDERR_FILE), self.config.tail_lines),
+                    stdout_tail=read_tail(w.layout.path(bootstrap.STDOUT_FILE), 10),
+                    stack=parse_stack_dump(stack_text) if stack_text else None,
+                    evidence_dir=str(w.layout.dir),
+                )
+            )
+        return AttemptEvidence(attempt=self.attempt.attempt, ranks=tuple(ranks), run_id=self.session.run_id)
+
+    def finish(self, result: RunResult) -> RunResult:
+        """After torch's teardown: final verdict and report, and torch's failure list corrected."""
+        self.finished = True
+        status = "succeeded" if result.state == WorkerState.SUCCEEDED else "failed"
+        evidence = self.evidence(final=True)
+        diagnosis = classify_attempt(evidence)
+        self.diagnosis = diagnosis
+        self.session.record_attempt(evidence, diagnosis, status=status, final=True)
+        if status == "failed" and diagnosis.initiating_rank is not None:
+            result.failures = self._corrected_failures(result.failures, evidence, diagnosis)
+        return result
+
+    def _corrected_failures(
+        self, failures: dict[int, ProcessFailure], evidence: AttemptEvidence, diagnosis: Diagnosis
+    ) -> dict[int, ProcessFailure]:
+        root = diagnosis.initiating_rank
+        if root not in failures:
+            return failures
+        old = failures[root]
+        ev = next(r for r in evidence.ranks if r.rank == root)
+        earliest = min(f.timestamp for f in failures.values())
+        detail = [f"elastic_diag: rank {root} is the initiating rank ({diagnosis.failure_class}).", diagnosis.summary]
+        if ev.exception is not None and ev.exception.traceback:
+            detail.append(ev.exception.traceback.rstrip())
+        else:
+            detail.append("Last lines of its stderr:")
+            detail.extend(f"  {line}" for line in ev.stderr_tail[-15:])
+        detail.append(f"Evidence: {self.session.config.diag_dir}")
+        root_file = self.workers[old.local_rank].layout.path("root_cause.json")
+        data: dict[str, Any] = {
+            "message": {
+                "message": diagnosis.summary,
+                "extraInfo": {"py_callstack": "\n".join(detail), "timestamp": str(earliest)},
+                "errorCode": old.exitcode,
+            }
+        }
+        root_file.write_text(json.dumps(data))
+        fixed = ProcessFailure(local_rank=old.local_rank, pid=old.pid, exitcode=old.exitcode, error_file=str(root_file))
+        ordered = {root: fixed}
+        ordered.update((r, f) for r, f in failures.items() if r != root)
+        return ordered
+
+
+class DiagAgent(LocalElasticAgent):
+    """LocalElasticAgent that keeps the evidence of every attempt and names the initiating rank."""
+
+    def __init__(self, *args: Any, session: DiagSession, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._session = session
+        self._capture: AttemptCapture | None = None
+        self._node = socket.gethostname()
+
+    def _start_workers(self, worker_group: WorkerGroup) -> dict[int, Any]:
+        pids = super()._start_workers(worker_group)
+        self._capture = None
+        try:
+            self._capture = self._new_capture(worker_group)
+        except Exception as e:  # the job runs on without diagnosis; the report says so
+            self._session.internal_error("starting the capture", e)
+        return pids
+
+    def _new_capture(self, worker_group: WorkerGroup) -> AttemptCapture | None:
+        pcontext = self._pcontext
+        handlers = getattr(pcontext, "subprocess_handlers", None)
+        specs = self._logs_specs
+        if not handlers or not isinstance(specs, DiagLogsSpecs) or specs.current is None:
+            self._session.note("workers are not subprocesses of a DiagLogsSpecs launch: no live capture")
+            return None
+        layout = specs.current
+        workers = [
+            _Worker(rank=w.global_rank, local_rank=w.local_rank, proc=handlers[w.local_rank].proc,
+                    layout=layout.ranks[w.local_rank])
+            for w in worker_group.workers
+        ]  # fmt: skip
+        return AttemptCapture(
+            attempt=layout, workers=workers, node=self._node, config=self._session.config, session=self._session
+        )
+
+    def _monitor_workers(self, worker_group: WorkerGroup) -> RunResult:
+        capture = self._capture
+        if capture is not None and not capture.decided:
+            try:
+                if capture.has_failure():
+                    capture.decide()
+            except Exception as e:
+                self._session.internal_error("capturing evidence before teardown", e)
+        result = super()._monitor_workers(worker_group)
+        if capture is not None and not capture.finished and result.state in (
+            WorkerState.SUCCEEDED, WorkerState.FAILED, WorkerState.UNHEALTHY,
+        ):  # fmt: skip
+            try:
+                result = capture.finish(result)
+            except Exception as e:
+                self._session.internal_error("writing the verdict after teardown", e)
+        return result

@@ -1,0 +1,305 @@
+"""Classification: evidence in, :class:`Diagnosis` out. Pure: no torch, no I/O, no clock.
+
+Two steps:
+
+1. :func:`examine_rank` turns one rank's evidence into a :class:`RankFinding`: which signature its
+   evidence matches (an exception type, a fatal signal, a signature line in its output), and
+   whether that marks a cause (``initiating`` hint) or a symptom of a peer's failure
+   (``collateral``: peer closed / reset, collective timeouts).
+2. :func:`classify_attempt` attributes the attempt. Timeouts point AWAY from the ranks that report
+   them: the initiating rank is the earliest rank that failed *differently* (its own exception,
+   signal or exit); failing that, a rank that was alive outside any collective while its peers
+   waited (``hang``); failing that, the one rank that neither failed nor reported a timeout.
+   When the evidence cannot name a rank, ``initiating_rank`` is None and the summary says why.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from elastic_diag.evidence import AttemptEvidence, RankEvidence
+from elastic_diag.taxonomy import Signature, Taxonomy, load_taxonomy
+
+ROLES = ("initiating", "collateral", "stopped", "healthy", "unknown")
+MAX_EVIDENCE_LINES = 8
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RankFinding:
+    rank: int
+    state: str  # "failed" | "alive" | "stopped" | "succeeded"
+    signature: Signature | None = None
+    failure_class: str = "unknown"
+    hint: str = "either"  # initiating | collateral | either
+    lines: tuple[str, ...] = ()
+    time: float | None = None
+    in_collective: bool | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Diagnosis:
+    failure_class: str
+    initiating_rank: int | None = None
+    initiating_node: str | None = None
+    exception_type: str | None = None
+    signature_id: str | None = None
+    summary: str = ""
+    evidence: tuple[str, ...] = ()
+    fix: str | None = None
+    verify: str | None = None
+    collateral_ranks: tuple[int, ...] = ()
+    roles: dict[int, str] = field(default_factory=dict)
+    retryable: bool | None = None
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "failure_class": self.failure_class,
+            "initiating_rank": self.initiating_rank,
+            "initiating_node": self.initiating_node,
+            "exception_type": self.exception_type,
+            "signature_id": self.signature_id,
+            "summary": self.summary,
+            "evidence": list(self.evidence),
+            "fix": self.fix,
+            "verify": self.verify,
+            "collateral_ranks": list(self.collateral_ranks),
+        }
+
+
+HEALTHY = Diagnosis(failure_class="healthy", summary="All ranks finished successfully.")
+
+
+def _rank_lines(ev: RankEvidence) -> list[str]:
+    lines: list[str] = []
+    if ev.exception is not None:
+        lines.append(ev.exception.last_line)
+    lines.extend(ev.stderr_tail)
+    lines.extend(ev.stdout_tail)
+    return lines
+
+
+def _best(
+    candidates: list[tuple[Signature, str]],
+) -> tuple[Signature, str] | None:
+    best = None
+    for sig, line in candidates:
+        if best is None or sig.priority > best[0].priority:
+            best = (sig, line)
+    return best
+
+
+def examine_rank(ev: RankEvidence, taxonomy: Taxonomy) -> RankFinding:
+    """What one rank's own evidence says about it."""
+    if ev.exit_code is None or ev.alive_at_decision:
+        state = "alive"
+    elif ev.stopped_by_agent:
+        state = "stopped"
+    elif ev.exit_code == 0:
+        return RankFinding(rank=ev.rank, state="succeeded", failure_class="healthy", time=ev.exit_time)
+    else:
+        state = "failed"
+
+    candidates: list[tuple[Signature, str]] = []
+    for line in _rank_lines(ev):
+        for sig, _m in taxonomy.match_line(line):
+            candidates.append((sig, line.strip()))
+    if state == "failed":
+        if ev.exception is not None:
+            sig = taxonomy.for_exception(ev.exception.type)
+            if sig is not None:
+                candidates.append((sig, ev.exception.last_line))
+        sig_name = ev.signal
+        if sig_name:
+            sig = taxonomy.for_signal(sig_name)
+            if sig is not None:
+                candidates.append((sig, f"exit status {ev.exit_code} ({sig_name})"))
+    # The generic "SomethingError: msg" line is a fallback: it never outranks a specific signature,
+    # and without a traceback it only counts for a rank that failed.
+    if state != "failed":
+        candidates = [(s, line) for s, line in candidates if s.role_hint == "collateral"]
+    best = _best(candidates)
+    in_coll = ev.stack.in_collective() if ev.stack is not None else None
+
+    if best is None:
+        if state == "failed":
+            sig = taxonomy.get("silent-exit")
+            tail = [line for line in ev.stderr_tail if line.strip()][-3:]
+            return RankFinding(
+                rank=ev.rank, state=state, signature=sig, failure_class=sig.failure_class,
+                hint="initiating", lines=(f"exit status {ev.exit_code}", *tail),
+                time=ev.first_error_time, in_collective=in_coll,
+            )  # fmt: skip
+        return RankFinding(rank=ev.rank, state=state, time=ev.first_error_time, in_collective=in_coll)
+
+    sig, line = best
+    lines = [line]
+    if ev.exception is not None and sig.role_hint != "collateral":
+        loc = ev.exception.location()
+        if loc:
+            lines.append(f"at {loc}")
+    return RankFinding(
+        rank=ev.rank,
+        state=state,
+        signature=sig,
+        failure_class=sig.failure_class,
+        hint=sig.role_hint,
+        lines=tuple(lines),
+        time=ev.first_error_time,
+        in_collective=in_coll,
+    )
+
+
+def _fmt_ranks(ranks: list[int]) -> str:
+    return ", ".join(str(r) for r in ranks) if ranks else "none"
+
+
+def classify_attempt(evidence: AttemptEvidence, taxonomy: Taxonomy | None = None) -> Diagnosis:
+    """Attribute one attempt: the initiating rank, its class, and every rank's role."""
+    tax = taxonomy or load_taxonomy()
+    by_rank = {ev.rank: ev for ev in evidence.ranks}
+    findings = {ev.rank: examine_rank(ev, tax) for ev in evidence.ranks}
+
+    failed = [f for f in findings.values() if f.state == "failed"]
+    if not failed and all(f.state == "succeeded" for f in findings.values()):
+        return Diagnosis(
+            failure_class="healthy",
+            summary=HEALTHY.summary,
+            roles={r: "healthy" for r in findings},
+        )
+
+    def order(f: RankFinding) -> tuple[float, int]:
+        return (f.time if f.time is not None else float("inf"), f.rank)
+
+    primary = sorted((f for f in failed if f.hint != "collateral"), key=order)
+    collateral = sorted((f for f in failed if f.hint == "collateral"), key=order)
+    alive = [f for f in findings.values() if f.state in ("alive", "stopped") and f.hint != "collateral"]
+    alive_outside = sorted((f for f in alive if f.in_collective is False), key=lambda f: f.rank)
+
+    initiating: RankFinding | None = None
+    reason = ""
+    if primary:
+        initiating = primary[0]
+        reason = "failed first on its own"
+    elif alive_outside:
+        initiating = alive_outside[0]
+        reason = "was alive outside any collective while its peers waited"
+    elif collateral and len(alive) == 1:
+        initiating = alive[0]
+        reason = "neither failed nor reported a timeout while every other rank did"
+
+    roles: dict[int, str] = {}
+    for r, f in findings.items():
+        if initiating is not None and r == initiating.rank:
+            roles[r] = "initiating"
+        elif f.state == "succeeded":
+            roles[r] = "healthy"
+        elif f.state == "failed" and f.hint == "collateral":
+            roles[r] = "collateral"
+        elif f.state in ("alive", "stopped"):
+            roles[r] = "stopped"
+        else:
+            roles[r] = "unknown"
+    collateral_ranks = sorted(r for r, role in roles.items() if role == "collateral")
+    other_primary = [f.rank for f in primary[1:]]
+
+    if initiating is None:
+        lead = collateral[0] if collateral else (failed[0] if failed else None)
+        sig = lead.signature if lead else None
+        cls = sig.failure_class if sig else "unknown"
+        if cls not in ("collective_timeout", "network_error"):
+            cls = "collective_timeout" if collateral else "unknown"
+        summary = (
+            f"Ranks {_fmt_ranks(collateral_ranks)} failed waiting for a peer, but the evidence names no "
+            "rank that failed first (no rank failed differently, and none was seen alive outside a "
+            "collective); the cause may be on a rank or node whose evidence is missing."
+        )
+        return Diagnosis(
+            failure_class=cls,
+            signature_id=sig.id if sig else None,
+            summary=summary,
+            evidence=tuple(line for f in collateral[:2] for line in f.lines)[:MAX_EVIDENCE_LINES],
+            fix=sig.fix if sig else None,
+            verify=sig.verify if sig else None,
+            collateral_ranks=tuple(collateral_ranks),
+            roles=roles,
+            retryable=sig.retryable if sig else None,
+        )
+
+    ev = by_rank[initiating.rank]
+    if initiating.state == "failed":
+        sig = initiating.signature
+        cls = initiating.failure_class
+        lines = list(initiating.lines)
+    else:
+        sig = tax.get("hang-outside-collective")
+        cls = sig.failure_class
+        frame = ev.stack.user_frame() if ev.stack else None
+        lines = [f"rank {ev.rank} alive, main thread at {frame}" if frame else f"rank {ev.rank} alive, no stack"]
+    for f in collateral[:2]:
+        lines.extend(f"rank {f.rank}: {line}" for line in f.lines[:1])
+
+    what = {
+        "python_exception": f"raised {ev.exception.last_line}" if ev.exception else "raised an exception",
+        "host_oom": "ran out of host memory" + (f" ({ev.exception.type})" if ev.exception else ""),
+        "segfault": f"died by {ev.signal or 'a fatal signal'} in native code",
+        "abort": f"aborted ({ev.signal or 'SIGABRT'})",
+        "killed": f"was killed by {ev.signal or 'a signal'} from outside the job",
+        "silent_exit": f"exited with status {ev.exit_code} without a traceback",
+        "hang": "was stuck outside any collective while its peers waited",
+    }.get(cls, f"failed ({sig.title if sig else cls})")
+    loc = ev.exception.location() if ev.exception and cls in ("python_exception", "host_oom") else None
+    if cls == "hang" and ev.stack is not None and ev.stack.user_frame() is not None:
+        loc = str(ev.stack.user_frame())
+    summary = f"Rank {ev.rank} on {ev.node} {what}" + (f" at {loc}" if loc else "") + "."
+    if collateral_ranks:
+        summary += f" Ranks {_fmt_ranks(collateral_ranks)} then failed waiting for it."
+    stopped = sorted(r for r, role in roles.items() if role == "stopped")
+    if stopped:
+        summary += f" Ranks {_fmt_ranks(stopped)} were stopped by the launcher."
+    if other_primary:
+        summary += f" Ranks {_fmt_ranks(other_primary)} also failed on their own, later."
+    summary += f" (Rank {ev.rank} {reason}.)"
+
+    return Diagnosis(
+        failure_class=cls,
+        initiating_rank=ev.rank,
+        initiating_node=ev.node,
+        exception_type=ev.exception.type if ev.exception and initiating.state == "failed" else None,
+        signature_id=sig.id if sig else None,
+        summary=summary,
+        evidence=tuple(lines[:MAX_EVIDENCE_LINES]),
+        fix=sig.fix if sig else None,
+        verify=sig.verify if sig else None,
+        collateral_ranks=tuple(collateral_ranks),
+        roles=roles,
+        retryable=sig.retryable if sig else None,
+    )
+
+
+def classify_launch_error(text: str, taxonomy: Taxonomy | None = None) -> Diagnosis:
+    """Verdict on a launch that failed outside the workers (rendezvous, store, ports)."""
+    tax = taxonomy or load_taxonomy()
+    best: tuple[Signature, str] | None = None
+    for line in text.splitlines():
+        for sig, _m in tax.match_line(line):
+            if sig.id == "python-exception":
+                continue
+            if best is None or sig.priority > best[0].priority:
+                best = (sig, line.strip())
+    first_line = next((line.strip() for line in text.splitlines() if line.strip()), text.strip())
+    if best is None:
+        return Diagnosis(
+            failure_class="unknown",
+            summary=f"The launcher failed before or between attempts: {first_line[:300]}",
+            evidence=(first_line[:1000],),
+        )
+    sig, line = best
+    return Diagnosis(
+        failure_class=sig.failure_class,
+        signature_id=sig.id,
+        summary=f"The launch failed: {sig.title.lower()} ({line[:300]}).",
+        evidence=(line[:1000],),
+        fix=sig.fix,
+        verify=sig.verify,
+        retryable=sig.retryable,
+    )

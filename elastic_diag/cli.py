@@ -1,0 +1,88 @@
+"""``elastic-diag``: the command-line front door.
+
+Subcommands: ``run`` (the same as ``torchrun-diag``), ``signatures`` (list the taxonomy),
+``explain ID`` (one signature as a page). ``main(argv) -> parse -> subcommand.run(args)``; only
+``main`` touches logging and the exit status.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import textwrap
+from collections.abc import Sequence
+
+from elastic_diag.errors import EXIT_OK, EXIT_USAGE, ElasticDiagError
+
+
+def explain_text(sid: str) -> str:
+    from elastic_diag.taxonomy import load_taxonomy
+
+    sig = load_taxonomy().get(sid)
+    wrap = lambda s: textwrap.fill(" ".join(s.split()), width=96)  # noqa: E731
+    out = [f"{sig.id}: {sig.title}", f"class: {sig.failure_class}    role: {sig.role_hint}    "
+           f"retryable: {'yes' if sig.retryable else 'no'}", ""]  # fmt: skip
+    if sig.patterns or sig.exception_types or sig.signals:
+        out.append("Recognised by:")
+        out.extend(f"  line matching  {p.pattern}" for p in sig.patterns)
+        out.extend(f"  exception      {t}" for t in sig.exception_types if t != "*")
+        out.extend(f"  signal         {s}" for s in sig.signals)
+        out.append("")
+    out += ["What it means:", textwrap.indent(wrap(sig.meaning), "  "), "", "How to confirm:"]
+    out.extend(textwrap.indent(textwrap.fill(c, width=94), "  - ")[2:].replace("\n", "\n    ").join(["  ", ""])
+               for c in sig.confirm)  # fmt: skip
+    out += ["", "Fix:", textwrap.indent(wrap(sig.fix), "  "), "", "Verify:", f"  {sig.verify}"]
+    if sig.siblings:
+        out += ["", "Look-alikes: " + ", ".join(sig.siblings)]
+    return "\n".join(out)
+
+
+def _cmd_signatures(args: argparse.Namespace) -> int:
+    from elastic_diag.taxonomy import load_taxonomy
+
+    for sig in sorted(load_taxonomy(), key=lambda s: (s.failure_class, s.id)):
+        print(f"{sig.id:32} {sig.failure_class:20} {sig.role_hint:11} {sig.title}")
+    return EXIT_OK
+
+
+def _cmd_explain(args: argparse.Namespace) -> int:
+    try:
+        print(explain_text(args.signature_id))
+    except KeyError:
+        print(f"elastic-diag: error: no signature {args.signature_id!r}; see `elastic-diag signatures`",
+              file=sys.stderr)  # fmt: skip
+        return EXIT_USAGE
+    return EXIT_OK
+
+
+def get_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="elastic-diag", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    sub.add_parser("run", help="torchrun with diagnosis (same as torchrun-diag)", add_help=False)
+    sub.add_parser("signatures", help="list the failure signatures").set_defaults(func=_cmd_signatures)
+    explain = sub.add_parser("explain", help="explain one failure signature")
+    explain.add_argument("signature_id")
+    explain.set_defaults(func=_cmd_explain)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["run"]:
+        from elastic_diag.run import main as run_main
+
+        return run_main(argv[1:])
+    args = get_parser().parse_args(argv)
+    try:
+        return int(args.func(args))
+    except ElasticDiagError as e:
+        print(f"elastic-diag: error: {e}", file=sys.stderr)
+        return EXIT_USAGE
+
+
+def _entry() -> None:
+    sys.exit(main())
+
+
+if __name__ == "__main__":
+    _entry()

@@ -1,0 +1,36 @@
+"""The one exception tree of elastic_diag, and the launcher's exit codes.
+
+::
+
+    ElasticDiagError                 base of everything elastic_diag raises on purpose
+    ├── UsageError                   bad flags, missing script, unwritable diag dir (exit 2)
+    ├── TaxonomyError                a signature data file is malformed
+    └── EvidenceError                evidence on disk could not be read or parsed
+
+Messages name the bad value and what to do about it.
+"""
+
+from __future__ import annotations
+
+# Exit codes of torchrun-diag / elastic-diag run (stable, documented in docs/cli.md).
+EXIT_OK = 0
+EXIT_FAILED = 1  # the job failed, as plain torchrun exits
+EXIT_USAGE = 2  # a usage error caught before any worker started (argparse uses 2 as well)
+EXIT_RESTART_REFUSED = 3  # reserved: the restart gate refused a restart
+EXIT_VERIFY_FAILED = 4  # reserved: the verification control failed
+
+
+class ElasticDiagError(Exception):
+    """Base class of every error elastic_diag raises on purpose."""
+
+
+class UsageError(ElasticDiagError):
+    """The command line or settings cannot work; raised before any worker starts."""
+
+
+class TaxonomyError(ElasticDiagError):
+    """A signature data file is malformed (names the file and the entry)."""
+
+
+class EvidenceError(ElasticDiagError):
+    """Evidence on disk could not be read or parsed."""

@@ -1,0 +1,153 @@
+"""Evidence records: what is known about one rank of one attempt, as plain frozen data.
+
+Built by the agent (live) or by the log readers (offline) and handed to :mod:`elastic_diag.classify`.
+Also the parser of faulthandler stack dumps, which decides whether a rank's main thread was inside
+a collective. No torch import, no I/O.
+"""
+
+from __future__ import annotations
+
+import re
+import signal
+from dataclasses import dataclass, field
+
+# Innermost frames in these parts of torch mean "inside a collective or waiting on one" (DDP's and
+# FSDP's collectives run inside autograd's backward, so a rank blocked there shows autograd frames).
+_COLLECTIVE_PATHS = (
+    "/torch/distributed/",
+    "/torch/nn/parallel/",
+    "/torch/autograd/",
+    "/torch/_tensor.py",
+)
+_THREAD_HEADER = re.compile(r"^(?:Current thread|Thread) (0x[0-9a-f]+)(?: \[[^\]]*\])? \(most recent call first\):")
+_FRAME = re.compile(r'^\s+File "(?P<file>[^"]+)", line (?P<line>\d+) in (?P<func>.+)$')
+
+
+@dataclass(frozen=True, slots=True)
+class ExceptionRecord:
+    """An uncaught exception as the worker bootstrap recorded it."""
+
+    type: str
+    message: str
+    traceback: str
+    time: float | None = None
+
+    @property
+    def last_line(self) -> str:
+        return f"{self.type}: {self.message}" if self.message else self.type
+
+    def location(self) -> str | None:
+        """``file:line in func`` of the innermost frame of the traceback, if there is one."""
+        frames = re.findall(r'File "([^"]+)", line (\d+), in (\S+)', self.traceback)
+        if not frames:
+            return None
+        file, line, func = frames[-1]
+        return f"{file}:{line} in {func}"
+
+
+@dataclass(frozen=True, slots=True)
+class StackFrame:
+    file: str
+    line: int
+    func: str
+
+    def __str__(self) -> str:
+        return f"{self.file}:{self.line} in {self.func}"
+
+
+@dataclass(frozen=True, slots=True)
+class StackDump:
+    """One faulthandler dump of all threads; ``threads[-1]`` is the oldest thread (the main one)."""
+
+    text: str
+    threads: tuple[tuple[StackFrame, ...], ...]
+
+    @property
+    def main_thread(self) -> tuple[StackFrame, ...]:
+        return self.threads[-1] if self.threads else ()
+
+    def in_collective(self) -> bool | None:
+        """Whether the main thread's innermost frame is inside torch.distributed / autograd."""
+        frames = self.main_thread
+        if not frames:
+            return None
+        return any(p in frames[0].file.replace("\\", "/") for p in _COLLECTIVE_PATHS)
+
+    def user_frame(self) -> StackFrame | None:
+        """The innermost main-thread frame outside torch and the standard library's threading."""
+        for f in self.main_thread:
+            path = f.file.replace("\\", "/")
+            if "/torch/" not in path and "/threading.py" not in path:
+                return f
+        return self.main_thread[0] if self.main_thread else None
+
+
+def parse_stack_dump(text: str) -> StackDump | None:
+    """Parse faulthandler's ``dump_traceback(all_threads=True)`` text; None when it has no thread."""
+    threads: list[list[StackFrame]] = []
+    for raw in text.splitlines():
+        if _THREAD_HEADER.match(raw):
+            threads.append([])
+            continue
+        m = _FRAME.match(raw)
+        if m and threads:
+            threads[-1].append(StackFrame(m["file"], int(m["line"]), m["func"].strip()))
+    if not threads:
+        return None
+    return StackDump(text=text, threads=tuple(tuple(t) for t in threads))
+
+
+def signal_name(exit_code: int | None) -> str | None:
+    """``SIGKILL`` for an exit code of -9 (Popen's convention), else None."""
+    if exit_code is None or exit_code >= 0:
+        return None
+    try:
+        return signal.Signals(-exit_code).name
+    except ValueError:
+        return f"SIG{-exit_code}"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RankEvidence:
+    """Everything known about one rank of one attempt.
+
+    ``exit_code`` is None while the rank is alive. ``alive_at_decision`` marks a rank that was
+    still running when the verdict was taken (its stack was dumped then); ``stopped_by_agent``
+    marks one whose exit came from the launcher's own teardown.
+    """
+
+    rank: int
+    local_rank: int
+    node: str
+    pid: int | None = None
+    exit_code: int | None = None
+    exit_time: float | None = None
+    start_time: float | None = None
+    alive_at_decision: bool = False
+    stopped_by_agent: bool = False
+    exception: ExceptionRecord | None = None
+    stderr_tail: tuple[str, ...] = ()
+    stdout_tail: tuple[str, ...] = ()
+    stack: StackDump | None = None
+    evidence_dir: str | None = None
+    notes: tuple[str, ...] = field(default=())
+
+    @property
+    def signal(self) -> str | None:
+        return signal_name(self.exit_code)
+
+    @property
+    def failed(self) -> bool:
+        return self.exit_code is not None and self.exit_code != 0
+
+    @property
+    def first_error_time(self) -> float | None:
+        times = [t for t in (self.exception.time if self.exception else None, self.exit_time) if t]
+        return min(times) if times else None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class AttemptEvidence:
+    attempt: int
+    ranks: tuple[RankEvidence, ...]
+    run_id: str = ""

@@ -1,0 +1,157 @@
+"""report.json (schema ``elastic_diag.report/1``, DESIGN.md section 5) and the terminal summary.
+
+Pure functions from evidence and verdicts to JSON-ready dicts and text; writing is atomic
+(a temporary file, then ``os.replace``), so a reader never sees half a report.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from elastic_diag.classify import Diagnosis
+from elastic_diag.evidence import AttemptEvidence, RankEvidence
+
+SCHEMA = "elastic_diag.report/1"
+REPORT_FILE = "report.json"
+LAST_LINES = 20
+STACK_CHARS = 20_000
+
+
+@dataclass(slots=True)
+class AttemptRecord:
+    evidence: AttemptEvidence
+    diagnosis: Diagnosis
+    status: str  # succeeded | failed
+    final: bool  # False while the verdict was taken before teardown and not yet refined
+
+
+def rank_entry(ev: RankEvidence, role: str) -> dict[str, Any]:
+    stack = None
+    if ev.stack is not None:
+        stack = ev.stack.text[:STACK_CHARS]
+    return {
+        "rank": ev.rank,
+        "local_rank": ev.local_rank,
+        "node": ev.node,
+        "role": role,
+        "exit_code": ev.exit_code,
+        "signal": ev.signal,
+        "first_error_time": ev.first_error_time if ev.failed or ev.alive_at_decision else None,
+        "last_lines": list(ev.stderr_tail[-LAST_LINES:]),
+        "stack": stack,
+        "pid": ev.pid,
+        "exit_time": ev.exit_time,
+        "start_time": ev.start_time,
+        "exception": (
+            {"type": ev.exception.type, "message": ev.exception.message, "time": ev.exception.time}
+            if ev.exception
+            else None
+        ),
+        "evidence_dir": ev.evidence_dir,
+    }
+
+
+def attempt_entry(record: AttemptRecord) -> dict[str, Any]:
+    roles = record.diagnosis.roles
+    return {
+        "attempt": record.evidence.attempt,
+        "status": record.status,
+        "diagnosis": record.diagnosis.to_json(),
+        "ranks": [rank_entry(ev, roles.get(ev.rank, "unknown")) for ev in record.evidence.ranks],
+        "final": record.final,
+    }
+
+
+def build_report(
+    *,
+    run_id: str,
+    status: str,
+    attempts: Sequence[AttemptRecord],
+    diag_dir: str,
+    node: str,
+    launch_diagnosis: Diagnosis | None = None,
+    warnings: Sequence[dict[str, Any]] = (),
+    internal_errors: Sequence[str] = (),
+    notes: Sequence[str] = (),
+) -> dict[str, Any]:
+    entries = [attempt_entry(a) for a in attempts]
+    last = entries[-1] if entries else None
+    if status == "succeeded":
+        diagnosis: dict[str, Any] = Diagnosis(
+            failure_class="healthy",
+            summary=(
+                "All ranks finished successfully"
+                + (f" after {len(entries) - 1} restart(s)." if len(entries) > 1 else ".")
+            ),
+        ).to_json()
+    elif launch_diagnosis is not None and (last is None or last["status"] != "failed"):
+        diagnosis = launch_diagnosis.to_json()
+    elif last is not None:
+        diagnosis = dict(last["diagnosis"])
+    else:
+        diagnosis = Diagnosis(failure_class="unknown", summary="The run ended before any worker started.").to_json()
+    return {
+        "schema": SCHEMA,
+        "run_id": run_id,
+        "status": status,
+        "diagnosis": diagnosis,
+        "ranks": last["ranks"] if last else [],
+        "warnings": list(warnings),
+        "attempts": entries,
+        "node": node,
+        "diag_dir": diag_dir,
+        "internal_errors": list(internal_errors),
+        "notes": list(notes),
+    }
+
+
+def write_json_atomic(path: Path, data: dict[str, Any]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    with open(tmp, "w", encoding="utf-8") as fp:
+        json.dump(data, fp, indent=2, default=str)
+        fp.write("\n")
+    os.replace(tmp, path)
+
+
+def format_summary(report: dict[str, Any], report_path: str) -> str:
+    """The few lines a person reads first, at the end of the run."""
+    d = report["diagnosis"]
+    n = len(report["attempts"])
+    lines = []
+    if report["status"] == "succeeded":
+        extra = f" after {n - 1} failed attempt(s)" if n > 1 else ""
+        lines.append(f"elastic_diag: job succeeded{extra}.")
+        for a in report["attempts"][:-1]:
+            ad = a["diagnosis"]
+            lines.append(f"  attempt {a['attempt']}: {ad['failure_class']}, rank {ad['initiating_rank']}: {ad['summary']}")
+    else:
+        who = "no rank could be named"
+        if d["initiating_rank"] is not None:
+            who = f"initiating rank {d['initiating_rank']} on {d['initiating_node']}"
+        exc = f" ({d['exception_type']})" if d.get("exception_type") else ""
+        lines.append(f"elastic_diag: job FAILED: {who}: {d['failure_class']}{exc}")
+        lines.append(f"  {d['summary']}")
+        if d["evidence"]:
+            lines.append("  decisive lines:")
+            lines.extend(f"    {e}" for e in d["evidence"])
+        roles: dict[str, list[int]] = {}
+        for r in report["ranks"]:
+            roles.setdefault(r["role"], []).append(r["rank"])
+        if roles:
+            lines.append("  roles: " + "; ".join(f"{k} {v}" for k, v in sorted(roles.items())))
+        if d.get("fix"):
+            lines.append("  fix: " + " ".join(str(d["fix"]).split()))
+        if d.get("verify"):
+            lines.append(f"  verify: {d['verify']}")
+        if n > 1:
+            lines.append(f"  attempts: {n} (each has its own verdict in the report)")
+    for err in report.get("internal_errors", []):
+        lines.append(f"  elastic_diag internal error (the job was not affected): {err}")
+    lines.append(f"  evidence: {report['diag_dir']}  (report: {report_path})")
+    return "\n".join(lines)

@@ -1,0 +1,173 @@
+"""``torchrun-diag``: torchrun with diagnosis. Same as ``elastic-diag run`` and ``python -m elastic_diag.run``.
+
+Every torchrun flag comes from torch's own parser (``torch.distributed.run.get_args_parser``), so
+``PET_*`` environment fallbacks keep working; elastic_diag adds the ``--diag-*`` group and
+``--no-diag`` (behave exactly as plain torchrun, for A/B comparisons).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import shutil
+import sys
+import traceback
+import uuid
+from collections.abc import Sequence
+
+from elastic_diag.errors import EXIT_FAILED, EXIT_OK, EXIT_USAGE, UsageError
+
+logger = logging.getLogger("elastic_diag")
+
+
+def get_parser() -> argparse.ArgumentParser:
+    from torch.distributed.run import get_args_parser
+
+    parser = get_args_parser()
+    parser.prog = "torchrun-diag"
+    parser.description = "torchrun with elastic_diag: names the rank that failed first, keeps its evidence."
+    group = parser.add_argument_group("elastic_diag", "Diagnosis options (all torchrun options above work as usual)")
+    group.add_argument(
+        "--diag-dir",
+        default=None,
+        help="Folder for the run's evidence and report.json (env ELASTIC_DIAG_DIR; default: a new folder "
+        "under ./elastic_diag_runs/).",
+    )
+    group.add_argument(
+        "--diag-grace",
+        type=float,
+        default=None,
+        help="Seconds to let other ranks exit on their own after the first failure, before their stacks "
+        "are taken and the group is torn down (env ELASTIC_DIAG_GRACE; default 5).",
+    )
+    group.add_argument(
+        "--diag-stack-timeout",
+        type=float,
+        default=None,
+        help="Seconds to wait for the stack dumps of ranks still alive (default 2).",
+    )
+    group.add_argument(
+        "--diag-tail-lines", type=int, default=None, help="Lines of each rank's stderr kept in the report (default 40)."
+    )
+    group.add_argument("--no-diag", action="store_true", help="Run exactly as plain torchrun, with no diagnosis.")
+    return parser
+
+
+def _check_script(args: argparse.Namespace) -> None:
+    script = args.training_script
+    if args.module:
+        return  # resolved by the worker's interpreter; a missing module fails there with its own message
+    if args.no_python:
+        if os.path.isfile(script) or shutil.which(script):
+            return
+        raise UsageError(f"the program {script!r} is not a file and not on PATH")
+    if not os.path.isfile(script):
+        raise UsageError(f"the training script {script!r} does not exist (working directory: {os.getcwd()})")
+
+
+def _prepare_rdzv(args: argparse.Namespace) -> None:
+    """What ``torch.distributed.run.run`` does to the args before ``config_from_args`` (torch 2.13.0)."""
+    from torch.distributed.run import parse_min_max_nnodes
+
+    if args.standalone:
+        args.rdzv_backend = "c10d"
+        args.rdzv_endpoint = "localhost:0"
+        args.rdzv_id = str(uuid.uuid4())
+    elif args.rdzv_backend == "static" and not args.rdzv_endpoint and args.master_port is None:
+        _, max_nodes = parse_min_max_nnodes(args.nnodes)
+        if max_nodes == 1:
+            args.rdzv_backend = "c10d"
+            args.rdzv_endpoint = "localhost:0"
+            args.rdzv_id = str(uuid.uuid4())
+    if args.master_port is None:
+        args.master_port = 29500
+
+
+def run_plain_torchrun(args: argparse.Namespace) -> int:
+    from torch.distributed.elastic.multiprocessing.errors import record
+    from torch.distributed.run import run
+
+    record(run)(args)
+    return EXIT_OK
+
+
+def run_diagnosed(args: argparse.Namespace) -> int:
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.elastic.multiprocessing.errors.error_handler import ErrorHandler
+    from torch.distributed.run import config_from_args
+
+    from elastic_diag.capture import DiagLogsSpecs
+    from elastic_diag.classify import classify_launch_error
+    from elastic_diag.config import DiagConfig
+    from elastic_diag.launcher import launch_agent
+    from elastic_diag.report import format_summary
+    from elastic_diag.session import DiagSession
+
+    _check_script(args)
+    config = DiagConfig.resolve(
+        diag_dir=args.diag_dir,
+        grace_s=args.diag_grace,
+        stack_timeout_s=args.diag_stack_timeout,
+        tail_lines=args.diag_tail_lines,
+    )
+    config.check_writable()
+    _prepare_rdzv(args)
+    try:
+        launch_config, cmd, cmd_args = config_from_args(args)
+    except (ValueError, RuntimeError, AssertionError) as e:
+        raise UsageError(str(e)) from e
+    session = DiagSession(config, run_id=launch_config.run_id or "")
+    if args.logs_specs:
+        session.note(f"--logs-specs {args.logs_specs} was replaced by elastic_diag's own (it keeps every stream)")
+    old = launch_config.logs_specs
+    launch_config.logs_specs = DiagLogsSpecs(
+        log_dir=args.log_dir,
+        redirects=old._redirects,  # type: ignore[union-attr]
+        tee=old._tee,  # type: ignore[union-attr]
+        local_ranks_filter=old._local_ranks_filter,  # type: ignore[union-attr]
+        diag_dir=config.diag_dir,
+    )
+    error_handler = ErrorHandler()
+    error_handler.initialize()
+    try:
+        launch_agent(launch_config, cmd, list(cmd_args), session=session)
+    except ChildFailedError as e:
+        report = session.finish("failed")
+        _, root = e.get_first_failure()
+        if root.error_file != "<N/A>" and os.path.isfile(root.error_file):
+            try:
+                error_handler.dump_error_file(root.error_file, root.exitcode)
+            except Exception as copy_error:
+                session.internal_error("copying the root cause into the launcher's error file", copy_error)
+        print(str(e), file=sys.stderr)
+        print(format_summary(report, str(session.report_path)), file=sys.stderr)
+        return EXIT_FAILED
+    except BaseException as e:
+        text = "".join(traceback.format_exception(e))
+        report = session.finish("failed", launch_diagnosis=classify_launch_error(text))
+        print(format_summary(report, str(session.report_path)), file=sys.stderr)
+        raise
+    report = session.finish("succeeded")
+    print(format_summary(report, str(session.report_path)), file=sys.stderr)
+    return EXIT_OK
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = get_parser()
+    args = parser.parse_args(list(argv) if argv is not None else None)
+    if args.no_diag:
+        return run_plain_torchrun(args)
+    try:
+        return run_diagnosed(args)
+    except UsageError as e:
+        print(f"torchrun-diag: error: {e}", file=sys.stderr)
+        return EXIT_USAGE
+
+
+def _entry() -> None:
+    sys.exit(main())
+
+
+if __name__ == "__main__":
+    _entry()

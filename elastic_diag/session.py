@@ -1,0 +1,82 @@
+"""DiagSession: the state of one diagnosed run, and the one place that writes its reports.
+
+Every change (an attempt's verdict, an internal error, the end of the run) rewrites
+``<diag-dir>/report.json`` at once, so the evidence already captured is on disk whatever happens
+next. Writing never raises: a report that cannot be written is logged, and the job goes on.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+from pathlib import Path
+from typing import Any
+
+from elastic_diag.classify import Diagnosis
+from elastic_diag.config import DiagConfig
+from elastic_diag.evidence import AttemptEvidence
+from elastic_diag.report import REPORT_FILE, AttemptRecord, build_report, write_json_atomic
+
+logger = logging.getLogger(__name__)
+
+
+class DiagSession:
+    def __init__(self, config: DiagConfig, run_id: str = "", node: str | None = None) -> None:
+        self.config = config
+        self.run_id = run_id
+        self.node = node or socket.gethostname()
+        self.status = "running"
+        self.attempts: dict[int, AttemptRecord] = {}
+        self.internal_errors: list[str] = []
+        self.notes: list[str] = []
+        self.launch_diagnosis: Diagnosis | None = None
+
+    @property
+    def report_path(self) -> Path:
+        return self.config.diag_dir / REPORT_FILE
+
+    def record_attempt(self, evidence: AttemptEvidence, diagnosis: Diagnosis, *, status: str, final: bool) -> None:
+        record = AttemptRecord(evidence=evidence, diagnosis=diagnosis, status=status, final=final)
+        self.attempts[evidence.attempt] = record
+        attempt_report = build_report(
+            run_id=self.run_id, status=status, attempts=[record], diag_dir=str(self.config.diag_dir), node=self.node
+        )
+        self._write(self.config.diag_dir / f"attempt_{evidence.attempt}" / REPORT_FILE, attempt_report)
+        self.write()
+
+    def internal_error(self, what: str, exc: BaseException) -> None:
+        logger.warning("elastic_diag: error while %s: %r (the job is not affected)", what, exc, exc_info=exc)
+        self.internal_errors.append(f"{what}: {type(exc).__name__}: {exc}")
+        self.write()
+
+    def note(self, text: str) -> None:
+        self.notes.append(text)
+
+    def finish(self, status: str, launch_diagnosis: Diagnosis | None = None) -> dict[str, Any]:
+        self.status = status
+        self.launch_diagnosis = launch_diagnosis
+        return self.write()
+
+    def report(self) -> dict[str, Any]:
+        status = self.status if self.status != "running" else "failed"
+        return build_report(
+            run_id=self.run_id,
+            status=status,
+            attempts=[self.attempts[k] for k in sorted(self.attempts)],
+            diag_dir=str(self.config.diag_dir),
+            node=self.node,
+            launch_diagnosis=self.launch_diagnosis,
+            internal_errors=self.internal_errors,
+            notes=self.notes,
+        )
+
+    def write(self) -> dict[str, Any]:
+        report = self.report()
+        self._write(self.report_path, report)
+        return report
+
+    def _write(self, path: Path, data: dict[str, Any]) -> None:
+        try:
+            write_json_atomic(path, data)
+        except Exception as e:  # the job comes first
+            logger.error("elastic_diag: could not write %s: %r", path, e)

@@ -1,0 +1,214 @@
+"""The taxonomy of failure signatures: frozen records loaded from the TOML files beside this module.
+
+A :class:`Signature` is knowledge, not code (DESIGN.md section 6): the lines that mark a failure
+(``patterns``, with ``near_misses`` that must not match), or the exception types and signals that
+do, what it means, how to confirm it, the fix, a command that verifies the fix, and its look-alikes.
+``docs/signatures/`` is generated from the same records.
+
+This package never imports torch.
+"""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from functools import cache
+from importlib import resources
+
+from elastic_diag.errors import TaxonomyError
+
+FAILURE_CLASSES = (
+    "python_exception",
+    "segfault",
+    "abort",
+    "killed",
+    "host_oom",
+    "cuda_oom",
+    "cuda_error",
+    "silent_exit",
+    "hang",
+    "collective_desync",
+    "collective_mismatch",
+    "collective_timeout",
+    "network_error",
+    "io_error",
+    "rendezvous_timeout",
+    "port_conflict",
+    "nan_inf",
+    "straggler",
+    "healthy",
+    "unknown",
+)
+ROLE_HINTS = ("initiating", "collateral", "either")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Signature:
+    id: str
+    failure_class: str
+    title: str
+    role_hint: str
+    retryable: bool
+    meaning: str
+    confirm: tuple[str, ...]
+    fix: str
+    verify: str
+    patterns: tuple[re.Pattern[str], ...] = ()
+    near_misses: tuple[str, ...] = ()
+    examples: tuple[str, ...] = ()
+    exception_types: tuple[str, ...] = ()
+    signals: tuple[str, ...] = ()
+    siblings: tuple[str, ...] = ()
+    priority: int = 0  # higher wins when several signatures match one rank's evidence
+    literals: tuple[str, ...] = field(default=())  # cheap substrings that every match must contain
+
+    def __post_init__(self) -> None:
+        if self.failure_class not in FAILURE_CLASSES:
+            raise TaxonomyError(f"signature {self.id!r}: unknown class {self.failure_class!r}")
+        if self.role_hint not in ROLE_HINTS:
+            raise TaxonomyError(f"signature {self.id!r}: role_hint must be one of {ROLE_HINTS}")
+
+    def search(self, line: str) -> re.Match[str] | None:
+        """The first pattern match in ``line``, or None."""
+        if self.literals and not any(lit in line for lit in self.literals):
+            return None
+        for pattern in self.patterns:
+            m = pattern.search(line)
+            if m:
+                return m
+        return None
+
+
+_FIELDS = {
+    "id", "class", "title", "role_hint", "retryable", "meaning", "confirm", "fix", "verify",
+    "patterns", "near_misses", "examples", "exception_types", "signals", "siblings", "priority",
+    "literals",
+}  # fmt: skip
+
+
+def _signature_from_table(table: dict[str, object], source: str) -> Signature:
+    unknown = set(table) - _FIELDS
+    sid = str(table.get("id", "?"))
+    if unknown:
+        raise TaxonomyError(f"{source}: signature {sid!r} has unknown fields {sorted(unknown)}")
+    try:
+        patterns = tuple(re.compile(str(p)) for p in table.get("patterns", ()))  # type: ignore[attr-defined]
+    except re.error as e:
+        raise TaxonomyError(f"{source}: signature {sid!r} has a bad pattern: {e}") from e
+
+    def strings(name: str) -> tuple[str, ...]:
+        value = table.get(name, ())
+        if not isinstance(value, list | tuple):
+            raise TaxonomyError(f"{source}: signature {sid!r}: {name} must be a list")
+        return tuple(str(v) for v in value)
+
+    try:
+        return Signature(
+            id=sid,
+            failure_class=str(table["class"]),
+            title=str(table["title"]),
+            role_hint=str(table["role_hint"]),
+            retryable=bool(table["retryable"]),
+            meaning=str(table["meaning"]).strip(),
+            confirm=strings("confirm"),
+            fix=str(table["fix"]).strip(),
+            verify=str(table["verify"]).strip(),
+            patterns=patterns,
+            near_misses=strings("near_misses"),
+            examples=strings("examples"),
+            exception_types=strings("exception_types"),
+            signals=strings("signals"),
+            siblings=strings("siblings"),
+            priority=int(table.get("priority", 0)),  # type: ignore[call-overload]
+            literals=strings("literals"),
+        )
+    except KeyError as e:
+        raise TaxonomyError(f"{source}: signature {sid!r} lacks the required field {e}") from e
+
+
+def parse_signatures(text: str, source: str = "<string>") -> list[Signature]:
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        raise TaxonomyError(f"{source}: not valid TOML: {e}") from e
+    tables = data.get("signature", [])
+    if not isinstance(tables, list):
+        raise TaxonomyError(f"{source}: expected [[signature]] tables")
+    return [_signature_from_table(t, source) for t in tables]
+
+
+@dataclass(frozen=True, slots=True)
+class Taxonomy:
+    signatures: tuple[Signature, ...]
+
+    def __post_init__(self) -> None:
+        seen: set[str] = set()
+        for s in self.signatures:
+            if s.id in seen:
+                raise TaxonomyError(f"duplicate signature id {s.id!r}")
+            seen.add(s.id)
+        for s in self.signatures:
+            for sib in s.siblings:
+                if sib not in seen:
+                    raise TaxonomyError(f"signature {s.id!r} names an unknown sibling {sib!r}")
+
+    def __iter__(self) -> Iterator[Signature]:
+        return iter(self.signatures)
+
+    def __len__(self) -> int:
+        return len(self.signatures)
+
+    def get(self, sid: str) -> Signature:
+        for s in self.signatures:
+            if s.id == sid:
+                return s
+        raise KeyError(sid)
+
+    def match_line(self, line: str) -> list[tuple[Signature, re.Match[str]]]:
+        hits = []
+        for s in self.signatures:
+            m = s.search(line)
+            if m:
+                hits.append((s, m))
+        return hits
+
+    def for_exception(self, type_name: str) -> Signature | None:
+        """The signature an exception type maps to; ``"*"`` in exception_types is the fallback."""
+        short = type_name.rsplit(".", 1)[-1]
+        best = None
+        fallback = None
+        for s in self.signatures:
+            if type_name in s.exception_types or short in s.exception_types:
+                if best is None or s.priority > best.priority:
+                    best = s
+            elif "*" in s.exception_types and fallback is None:
+                fallback = s
+        return best or fallback
+
+    def for_signal(self, signal_name: str) -> Signature | None:
+        best = None
+        for s in self.signatures:
+            if signal_name in s.signals and (best is None or s.priority > best.priority):
+                best = s
+        return best
+
+
+def _data_files() -> Iterable[tuple[str, str]]:
+    root = resources.files(__name__)
+    for entry in sorted(root.iterdir(), key=lambda e: e.name):
+        if entry.name.endswith(".toml"):
+            yield entry.name, entry.read_text(encoding="utf-8")
+
+
+@cache
+def load_taxonomy() -> Taxonomy:
+    """The built-in taxonomy (cached)."""
+    signatures: list[Signature] = []
+    for name, text in _data_files():
+        signatures.extend(parse_signatures(text, source=name))
+    return Taxonomy(tuple(signatures))
+
+
+__all__ = ["FAILURE_CLASSES", "Signature", "Taxonomy", "load_taxonomy", "parse_signatures"]

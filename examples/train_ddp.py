@@ -1,0 +1,109 @@
+"""A small CPU DDP training run (gloo) that can inject one failure on one rank.
+
+    torchrun-diag --standalone --nproc-per-node 4 examples/train_ddp.py --inject exception --culprit-rank 2
+
+``--inject`` chooses what the culprit rank does at ``--at-step``; every other rank trains on and
+meets the consequences in its next collective, as in a real job. ``--mark-file`` makes the culprit
+write the wall-clock time of its failure first (the detection-latency benchmark reads it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import os
+import signal
+import time
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+INJECTIONS = (
+    "none",
+    "exception",
+    "exception-after-cleanup",
+    "segfault",
+    "sigkill",
+    "exit",
+    "memoryerror",
+    "hang",
+    "transient",
+)
+
+
+def parse_args() -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--inject", choices=INJECTIONS, default="none")
+    p.add_argument("--culprit-rank", type=int, default=1)
+    p.add_argument("--at-step", type=int, default=3)
+    p.add_argument("--steps", type=int, default=12)
+    p.add_argument("--step-sleep", type=float, default=0.05, help="extra seconds per step (simulated work)")
+    p.add_argument("--pg-timeout", type=float, default=30.0, help="process-group (collective) timeout, seconds")
+    p.add_argument("--mark-file", default=None, help="the culprit writes its failure time here first")
+    p.add_argument("--step-times", default=None, help="append 'rank step seconds' lines here (benchmarks)")
+    return p.parse_args()
+
+
+def load_batch(step: int, rank: int) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(step * 1000 + rank)
+    x = torch.randn(64, 32, generator=g)
+    return x, x.sum(dim=1, keepdim=True)
+
+
+def inject(kind: str, args: argparse.Namespace) -> None:
+    if args.mark_file:
+        with open(args.mark_file, "w") as fp:
+            fp.write(repr(time.time()))
+    if kind == "exception" or (kind == "transient" and os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0"):
+        raise ValueError(f"injected failure: bad batch at step {args.at_step}")
+    if kind == "exception-after-cleanup":
+        try:
+            raise ValueError(f"injected failure: bad batch at step {args.at_step}")
+        except ValueError:
+            dist.destroy_process_group()  # the peers lose their connections now...
+            time.sleep(3.0)  # ...while this rank is still cleaning up (torchrun SIGTERMs it here)
+            raise
+    if kind == "segfault":
+        ctypes.string_at(0)  # reads address 0: SIGSEGV in native code
+    if kind == "sigkill":
+        os.kill(os.getpid(), signal.SIGKILL)
+    if kind == "exit":
+        os._exit(1)
+    if kind == "memoryerror":
+        _ = b"x" * (1 << 62)
+    if kind == "hang":
+        while True:  # stuck outside any collective; the peers wait in the next all_reduce
+            time.sleep(0.5)
+
+
+def main() -> None:
+    args = parse_args()
+    dist.init_process_group("gloo", timeout=timedelta(seconds=args.pg_timeout))
+    rank = dist.get_rank()
+    torch.manual_seed(0)
+    model = DDP(torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 1)))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    times = open(args.step_times, "a") if args.step_times else None  # noqa: SIM115
+    for step in range(args.steps):
+        t0 = time.perf_counter()
+        if step == args.at_step and rank == args.culprit_rank and args.inject != "none":
+            inject(args.inject, args)
+        x, y = load_batch(step, rank)
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        time.sleep(args.step_sleep)
+        if times is not None:
+            times.write(f"{rank} {step} {time.perf_counter() - t0:.6f}\n")
+        if rank == 0:
+            print(f"step {step} loss {loss.item():.4f}", flush=True)
+    if times is not None:
+        times.close()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
