@@ -1,0 +1,91 @@
+"""The worker bootstrap, in real Python subprocesses started the way the launcher starts them."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from elastic_diag import bootstrap
+from elastic_diag.capture import BOOT_DIR
+from elastic_diag.evidence import parse_stack_dump
+
+
+def worker_env(rank_dir: Path, extra_path: str = "") -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env[bootstrap.ENV_RANK_DIR] = str(rank_dir)
+    env[bootstrap.ENV_BOOT_PATH] = BOOT_DIR
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (BOOT_DIR, extra_path) if p)
+    env["TORCHELASTIC_ERROR_FILE"] = str(rank_dir / "error.json")
+    return env
+
+
+def test_uncaught_exception_is_recorded_with_precise_time(tmp_path):
+    script = tmp_path / "s.py"
+    script.write_text("import time\ndef f():\n    raise KeyError('shard-7')\nf()\n")
+    before = time.time()
+    p = subprocess.run([sys.executable, str(script)], env=worker_env(tmp_path / "r"), capture_output=True, text=True,
+                       timeout=30)  # fmt: skip
+    assert p.returncode == 1
+    assert "KeyError: 'shard-7'" in p.stderr  # the user's own traceback is still printed
+    rec = json.loads((tmp_path / "r" / "exception.json").read_text())
+    assert rec["type"] == "KeyError" and rec["message"] == "'shard-7'"
+    assert 'line 3, in f' in rec["traceback"]
+    assert before <= rec["time"] <= time.time() and rec["time"] != int(rec["time"])
+    err = json.loads((tmp_path / "r" / "error.json").read_text())
+    assert err["message"]["message"] == "KeyError: 'shard-7'"  # torchelastic's format, for its summary
+
+
+def test_stack_dump_on_signal_while_blocked(tmp_path):
+    script = tmp_path / "s.py"
+    script.write_text("import time\ndef stuck():\n    time.sleep(60)\nprint('ready', flush=True)\nstuck()\n")
+    p = subprocess.Popen([sys.executable, str(script)], env=worker_env(tmp_path / "r"), stdout=subprocess.PIPE,
+                         text=True)  # fmt: skip
+    try:
+        assert p.stdout.readline().strip() == "ready"
+        os.kill(p.pid, bootstrap.DUMP_SIGNAL)
+        stacks = tmp_path / "r" / "stacks.txt"
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and not stacks.read_text():
+            time.sleep(0.05)
+        dump = parse_stack_dump(stacks.read_text())
+        assert dump is not None
+        assert dump.main_thread[0].func == "stuck" and dump.in_collective() is False
+        assert p.poll() is None  # the dump signal does not kill
+    finally:
+        p.kill()
+        p.wait()
+        p.stdout.close()
+
+
+def test_children_do_not_inherit_and_original_sitecustomize_still_runs(tmp_path):
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text("import os\nos.environ['ORIGINAL_SITECUSTOMIZE'] = 'ran'\n")
+    script = tmp_path / "s.py"
+    script.write_text(
+        "import os, subprocess, sys, json\n"
+        "child = subprocess.run([sys.executable, '-c', 'import os; print(os.environ.get(\"ELASTIC_DIAG_RANK_DIR\"),"
+        " os.environ.get(\"PYTHONPATH\"))'], capture_output=True, text=True).stdout.strip()\n"
+        "print(json.dumps({'child': child, 'orig': os.environ.get('ORIGINAL_SITECUSTOMIZE')}))\n"
+    )
+    p = subprocess.run([sys.executable, str(script)], env=worker_env(tmp_path / "r", str(site)), capture_output=True,
+                       text=True, timeout=30)  # fmt: skip
+    out = json.loads(p.stdout)
+    assert out["orig"] == "ran"
+    assert out["child"] == f"None {site}"
+    assert (tmp_path / "r" / "worker.json").exists()
+
+
+def test_fatal_signal_leaves_python_stack_in_stderr(tmp_path):
+    script = tmp_path / "s.py"
+    script.write_text("import ctypes\ndef crash():\n    ctypes.string_at(0)\ncrash()\n")
+    p = subprocess.run([sys.executable, str(script)], env=worker_env(tmp_path / "r"), capture_output=True, text=True,
+                       timeout=30)  # fmt: skip
+    assert p.returncode == -signal.SIGSEGV
+    assert "Fatal Python error: Segmentation fault" in p.stderr
+    assert "in crash" in p.stderr

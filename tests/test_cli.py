@@ -1,0 +1,72 @@
+"""Command-line contract: usage errors before any worker starts, --no-diag, the taxonomy commands."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from conftest import EXAMPLE, ROOT
+
+
+def cli(*args: str, timeout: float = 60, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, *args], capture_output=True, text=True, timeout=timeout, cwd=ROOT,
+                          env={**os.environ, **(env or {})})  # fmt: skip
+
+
+def test_missing_script_is_a_usage_error(tmp_path):
+    p = cli("-m", "elastic_diag.run", "--nproc-per-node", "2", "--diag-dir", str(tmp_path), "no_such_script.py")
+    assert p.returncode == 2
+    assert "no_such_script.py" in p.stderr and "does not exist" in p.stderr
+    assert not (tmp_path / "attempt_0").exists()
+
+
+def test_unknown_diag_flag_is_a_usage_error():
+    p = cli("-m", "elastic_diag.run", "--diag-bogus", "1", str(EXAMPLE))
+    assert p.returncode == 2 and "--diag-bogus" in p.stderr
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root can write anywhere; covered by the file below")
+def test_unwritable_diag_dir_is_a_usage_error(tmp_path):
+    ro = tmp_path / "ro"
+    ro.mkdir(mode=0o500)
+    p = cli("-m", "elastic_diag.run", "--diag-dir", str(ro / "x"), str(EXAMPLE))
+    assert p.returncode == 2 and "not writable" in p.stderr
+
+
+def test_diag_dir_that_is_a_file_is_a_usage_error(tmp_path):
+    f = tmp_path / "file"
+    f.write_text("")
+    p = cli("-m", "elastic_diag.run", "--diag-dir", str(f / "sub"), str(EXAMPLE))
+    assert p.returncode == 2 and "not writable" in p.stderr and str(f) in p.stderr
+
+
+def test_env_diag_dir_and_bad_grace(tmp_path):
+    p = cli("-m", "elastic_diag.run", str(EXAMPLE), env={"ELASTIC_DIAG_GRACE": "soon", "ELASTIC_DIAG_DIR": str(tmp_path)})
+    assert p.returncode == 2 and "ELASTIC_DIAG_GRACE" in p.stderr
+
+
+def test_help_lists_torchrun_and_diag_flags():
+    p = cli("-m", "elastic_diag.run", "--help")
+    assert p.returncode == 0
+    for flag in ("--nproc-per-node", "--rdzv-backend", "--max-restarts", "--standalone", "--no-python",
+                 "--diag-dir", "--diag-grace", "--no-diag"):  # fmt: skip
+        assert flag in p.stdout
+
+
+def test_elastic_diag_run_is_the_same_command(tmp_path):
+    p = cli("-m", "elastic_diag.cli", "run", "--diag-dir", str(tmp_path), "nope.py")
+    assert p.returncode == 2 and "does not exist" in p.stderr
+
+
+def test_signatures_and_explain():
+    p = cli("-m", "elastic_diag.cli", "signatures")
+    assert p.returncode == 0 and "gloo-timeout" in p.stdout and "segfault" in p.stdout
+    p = cli("-m", "elastic_diag.cli", "explain", "gloo-timeout")
+    assert p.returncode == 0
+    for part in ("What it means:", "How to confirm:", "Fix:", "Verify:", "Look-alikes:"):
+        assert part in p.stdout
+    p = cli("-m", "elastic_diag.cli", "explain", "no-such-thing")
+    assert p.returncode == 2 and "no signature" in p.stderr
