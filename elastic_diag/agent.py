@@ -140,6 +140,7 @@ class AttemptCapture:
         self.watcher = ExitWatcher({w.local_rank: w.proc.pid for w in workers}, clock)
         self.poll_times: dict[int, float] = {}
         self.decided = False
+        self.decided_at: float | None = None
         self.finished = False
         self.alive_at_decision: set[int] = set()
         self.stacks: dict[int, str] = {}
@@ -171,6 +172,7 @@ class AttemptCapture:
             codes = self._poll()
         alive = {lr for lr, c in codes.items() if c is None}
         self.alive_at_decision = alive
+        self.decided_at = self._clock()
         if alive:
             targets = {lr: (self.workers[lr].proc.pid, self.workers[lr].layout) for lr in alive}
             self.stacks = dump_stacks(targets, self.config.stack_timeout_s, sleep=self._sleep)
@@ -218,7 +220,9 @@ class AttemptCapture:
                     evidence_dir=str(w.layout.dir),
                 )
             )
-        return AttemptEvidence(attempt=self.attempt.attempt, ranks=tuple(ranks), run_id=self.session.run_id)
+        return AttemptEvidence(
+            attempt=self.attempt.attempt, ranks=tuple(ranks), run_id=self.session.run_id, decided_at=self.decided_at
+        )
 
     def finish(self, result: RunResult) -> RunResult:
         """After torch's teardown: final verdict and report, and torch's failure list corrected."""
@@ -244,6 +248,9 @@ class AttemptCapture:
         detail = [f"elastic_diag: rank {root} is the initiating rank ({diagnosis.failure_class}).", diagnosis.summary]
         if ev.exception is not None and ev.exception.traceback:
             detail.append(ev.exception.traceback.rstrip())
+        elif ev.stack is not None:
+            detail.append("Its stack when the launcher took the verdict:")
+            detail.append(ev.stack.text.rstrip()[:8000])
         else:
             detail.append("Last lines of its stderr:")
             detail.extend(f"  {line}" for line in ev.stderr_tail[-15:])
@@ -273,7 +280,7 @@ class DiagAgent(LocalElasticAgent):
         self._node = socket.gethostname()
 
     def _start_workers(self, worker_group: WorkerGroup) -> dict[int, Any]:
-        pids = super()._start_workers(worker_group)
+        pids: dict[int, Any] = super()._start_workers(worker_group)
         self._capture = None
         try:
             self._capture = self._new_capture(worker_group)
@@ -306,7 +313,7 @@ class DiagAgent(LocalElasticAgent):
                     capture.decide()
             except Exception as e:
                 self._session.internal_error("capturing evidence before teardown", e)
-        result = super()._monitor_workers(worker_group)
+        result: RunResult = super()._monitor_workers(worker_group)
         if capture is not None and not capture.finished and result.state in (
             WorkerState.SUCCEEDED, WorkerState.FAILED, WorkerState.UNHEALTHY,
         ):  # fmt: skip

@@ -88,11 +88,21 @@ def _best(
     return best
 
 
-def examine_rank(ev: RankEvidence, taxonomy: Taxonomy) -> RankFinding:
-    """What one rank's own evidence says about it."""
-    if ev.exit_code is None or ev.alive_at_decision:
+def examine_rank(ev: RankEvidence, taxonomy: Taxonomy, decided_at: float | None = None) -> RankFinding:
+    """What one rank's own evidence says about it.
+
+    A rank still alive at the verdict whose uncaught exception was recorded BEFORE the verdict was
+    dying of that exception on its own (interpreter teardown can take seconds): it counts as failed.
+    """
+    dying = (
+        ev.exception is not None
+        and ev.exception.time is not None
+        and decided_at is not None
+        and ev.exception.time < decided_at
+    )
+    if (ev.exit_code is None or ev.alive_at_decision) and not dying:
         state = "alive"
-    elif ev.stopped_by_agent:
+    elif ev.stopped_by_agent and not dying:
         state = "stopped"
     elif ev.exit_code == 0:
         return RankFinding(rank=ev.rank, state="succeeded", failure_class="healthy", time=ev.exit_time)
@@ -104,15 +114,13 @@ def examine_rank(ev: RankEvidence, taxonomy: Taxonomy) -> RankFinding:
         for sig, _m in taxonomy.match_line(line):
             candidates.append((sig, line.strip()))
     if state == "failed":
-        if ev.exception is not None:
-            sig = taxonomy.for_exception(ev.exception.type)
-            if sig is not None:
-                candidates.append((sig, ev.exception.last_line))
-        sig_name = ev.signal
-        if sig_name:
-            sig = taxonomy.for_signal(sig_name)
-            if sig is not None:
-                candidates.append((sig, f"exit status {ev.exit_code} ({sig_name})"))
+        by_exception = taxonomy.for_exception(ev.exception.type) if ev.exception is not None else None
+        if by_exception is not None and ev.exception is not None:
+            candidates.append((by_exception, ev.exception.last_line))
+        sig_name = ev.signal if not (ev.alive_at_decision or ev.stopped_by_agent) else None  # not the launcher's
+        by_signal = taxonomy.for_signal(sig_name) if sig_name else None
+        if by_signal is not None:
+            candidates.append((by_signal, f"exit status {ev.exit_code} ({sig_name})"))
     # The generic "SomethingError: msg" line is a fallback: it never outranks a specific signature,
     # and without a traceback it only counts for a rank that failed.
     if state != "failed":
@@ -157,7 +165,7 @@ def classify_attempt(evidence: AttemptEvidence, taxonomy: Taxonomy | None = None
     """Attribute one attempt: the initiating rank, its class, and every rank's role."""
     tax = taxonomy or load_taxonomy()
     by_rank = {ev.rank: ev for ev in evidence.ranks}
-    findings = {ev.rank: examine_rank(ev, tax) for ev in evidence.ranks}
+    findings = {ev.rank: examine_rank(ev, tax, evidence.decided_at) for ev in evidence.ranks}
 
     failed = [f for f in findings.values() if f.state == "failed"]
     if not failed and all(f.state == "succeeded" for f in findings.values()):
@@ -182,7 +190,7 @@ def classify_attempt(evidence: AttemptEvidence, taxonomy: Taxonomy | None = None
         reason = "failed first on its own"
     elif alive_outside:
         initiating = alive_outside[0]
-        reason = "was alive outside any collective while its peers waited"
+        reason = ""
     elif collateral and len(alive) == 1:
         initiating = alive[0]
         reason = "neither failed nor reported a timeout while every other rank did"
@@ -245,12 +253,13 @@ def classify_attempt(evidence: AttemptEvidence, taxonomy: Taxonomy | None = None
         "abort": f"aborted ({ev.signal or 'SIGABRT'})",
         "killed": f"was killed by {ev.signal or 'a signal'} from outside the job",
         "silent_exit": f"exited with status {ev.exit_code} without a traceback",
-        "hang": "was stuck outside any collective while its peers waited",
+        "hang": "was stuck outside any collective",
     }.get(cls, f"failed ({sig.title if sig else cls})")
     loc = ev.exception.location() if ev.exception and cls in ("python_exception", "host_oom") else None
     if cls == "hang" and ev.stack is not None and ev.stack.user_frame() is not None:
         loc = str(ev.stack.user_frame())
-    summary = f"Rank {ev.rank} on {ev.node} {what}" + (f" at {loc}" if loc else "") + "."
+    summary = f"Rank {ev.rank} on {ev.node} {what}" + (f" at {loc}" if loc else "")
+    summary += ", while its peers waited." if cls == "hang" else "."
     if collateral_ranks:
         summary += f" Ranks {_fmt_ranks(collateral_ranks)} then failed waiting for it."
     stopped = sorted(r for r, role in roles.items() if role == "stopped")
@@ -258,7 +267,8 @@ def classify_attempt(evidence: AttemptEvidence, taxonomy: Taxonomy | None = None
         summary += f" Ranks {_fmt_ranks(stopped)} were stopped by the launcher."
     if other_primary:
         summary += f" Ranks {_fmt_ranks(other_primary)} also failed on their own, later."
-    summary += f" (Rank {ev.rank} {reason}.)"
+    if reason and cls != "hang":
+        summary += f" (Rank {ev.rank} {reason}.)"
 
     return Diagnosis(
         failure_class=cls,

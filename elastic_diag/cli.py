@@ -19,7 +19,10 @@ def explain_text(sid: str) -> str:
     from elastic_diag.taxonomy import load_taxonomy
 
     sig = load_taxonomy().get(sid)
-    wrap = lambda s: textwrap.fill(" ".join(s.split()), width=96)  # noqa: E731
+
+    def wrap(text: str) -> str:
+        return textwrap.fill(" ".join(text.split()), width=96)
+
     out = [f"{sig.id}: {sig.title}", f"class: {sig.failure_class}    role: {sig.role_hint}    "
            f"retryable: {'yes' if sig.retryable else 'no'}", ""]  # fmt: skip
     if sig.patterns or sig.exception_types or sig.signals:
@@ -29,8 +32,8 @@ def explain_text(sid: str) -> str:
         out.extend(f"  signal         {s}" for s in sig.signals)
         out.append("")
     out += ["What it means:", textwrap.indent(wrap(sig.meaning), "  "), "", "How to confirm:"]
-    out.extend(textwrap.indent(textwrap.fill(c, width=94), "  - ")[2:].replace("\n", "\n    ").join(["  ", ""])
-               for c in sig.confirm)  # fmt: skip
+    for item in sig.confirm:
+        out.append(textwrap.fill(item, width=94, initial_indent="  - ", subsequent_indent="    "))
     out += ["", "Fix:", textwrap.indent(wrap(sig.fix), "  "), "", "Verify:", f"  {sig.verify}"]
     if sig.siblings:
         out += ["", "Look-alikes: " + ", ".join(sig.siblings)]

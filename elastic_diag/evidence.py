@@ -148,6 +148,9 @@ class RankEvidence:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class AttemptEvidence:
+    """One attempt; ``decided_at`` is when the launcher took its verdict and began the teardown."""
+
     attempt: int
     ranks: tuple[RankEvidence, ...]
     run_id: str = ""
+    decided_at: float | None = None

@@ -83,12 +83,13 @@ def launch_agent(
 
     shutdown_rdzv = True
     try:
-        metrics.initialize_metrics(metrics.MetricsConfig(config.metrics_cfg))
+        metrics.initialize_metrics(metrics.MetricsConfig(config.metrics_cfg))  # type: ignore[attr-defined]
         result = agent.run()
         events.record(agent.get_event_succeeded(), config.event_log_handler)
         if result.is_failed():
             raise ChildFailedError(name=entrypoint_name, failures=result.failures)
-        return result.return_values
+        values: dict[int, Any] = result.return_values
+        return values
     except ChildFailedError:
         raise
     except SignalException:

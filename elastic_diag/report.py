@@ -129,7 +129,9 @@ def format_summary(report: dict[str, Any], report_path: str) -> str:
         lines.append(f"elastic_diag: job succeeded{extra}.")
         for a in report["attempts"][:-1]:
             ad = a["diagnosis"]
-            lines.append(f"  attempt {a['attempt']}: {ad['failure_class']}, rank {ad['initiating_rank']}: {ad['summary']}")
+            lines.append(
+                f"  attempt {a['attempt']}: {ad['failure_class']}, rank {ad['initiating_rank']}: {ad['summary']}"
+            )
     else:
         who = "no rank could be named"
         if d["initiating_rank"] is not None:

@@ -14,6 +14,7 @@ import ctypes
 import os
 import signal
 import time
+import traceback
 from datetime import timedelta
 
 import torch
@@ -41,6 +42,7 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--steps", type=int, default=12)
     p.add_argument("--step-sleep", type=float, default=0.05, help="extra seconds per step (simulated work)")
     p.add_argument("--pg-timeout", type=float, default=30.0, help="process-group (collective) timeout, seconds")
+    p.add_argument("--cleanup-seconds", type=float, default=3.0, help="exception-after-cleanup: seconds of cleanup")
     p.add_argument("--mark-file", default=None, help="the culprit writes its failure time here first")
     p.add_argument("--step-times", default=None, help="append 'rank step seconds' lines here (benchmarks)")
     return p.parse_args()
@@ -59,12 +61,7 @@ def inject(kind: str, args: argparse.Namespace) -> None:
     if kind == "exception" or (kind == "transient" and os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0"):
         raise ValueError(f"injected failure: bad batch at step {args.at_step}")
     if kind == "exception-after-cleanup":
-        try:
-            raise ValueError(f"injected failure: bad batch at step {args.at_step}")
-        except ValueError:
-            dist.destroy_process_group()  # the peers lose their connections now...
-            time.sleep(3.0)  # ...while this rank is still cleaning up (torchrun SIGTERMs it here)
-            raise
+        raise ValueError(f"injected failure: bad batch at step {args.at_step}")  # cleaned up in main()
     if kind == "segfault":
         ctypes.string_at(0)  # reads address 0: SIGSEGV in native code
     if kind == "sigkill":
@@ -81,9 +78,29 @@ def inject(kind: str, args: argparse.Namespace) -> None:
 def main() -> None:
     args = parse_args()
     dist.init_process_group("gloo", timeout=timedelta(seconds=args.pg_timeout))
-    rank = dist.get_rank()
     torch.manual_seed(0)
     model = DDP(torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 1)))
+    failure: ValueError | None = None
+    try:
+        train(args, model)
+    except ValueError as e:
+        if args.inject != "exception-after-cleanup":
+            raise
+        failure = e
+    if failure is not None:
+        # A job's own cleanup (an emergency checkpoint, flushing logs) before re-raising. When the
+        # peers fail first (their collective timed out, or they lost the connection), torchrun
+        # SIGTERMs this rank mid-cleanup, loses its exception and blames a peer that only waited.
+        # (With DDP alive, destroy_process_group() here would not close gloo's connections: the
+        # peers notice only when this process exits. Measured on torch 2.13.0.)
+        traceback.clear_frames(failure.__traceback__)
+        time.sleep(args.cleanup_seconds)
+        raise failure
+    dist.destroy_process_group()
+
+
+def train(args: argparse.Namespace, model: torch.nn.Module) -> None:
+    rank = dist.get_rank()
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     times = open(args.step_times, "a") if args.step_times else None  # noqa: SIM115
     for step in range(args.steps):
@@ -102,7 +119,6 @@ def main() -> None:
             print(f"step {step} loss {loss.item():.4f}", flush=True)
     if times is not None:
         times.close()
-    dist.destroy_process_group()
 
 
 if __name__ == "__main__":

@@ -6,7 +6,9 @@ from elastic_diag.classify import classify_attempt, classify_launch_error
 from elastic_diag.evidence import AttemptEvidence, ExceptionRecord, RankEvidence, parse_stack_dump
 
 CLOSED = "RuntimeError: [../gloo/transport/tcp/pair.cc:553] Connection closed by peer [127.0.0.1]:4000"
-TIMEOUT = "RuntimeError: [../gloo/transport/tcp/unbound_buffer.cc:78] Timed out waiting 8000ms for recv operation to complete"
+TIMEOUT = (
+    "RuntimeError: [../gloo/transport/tcp/unbound_buffer.cc:78] Timed out waiting 8000ms for recv operation to complete"
+)
 IN_COLLECTIVE = """Thread 0x00007f01 (most recent call first):
   File "/venv/lib/python3.11/site-packages/torch/autograd/graph.py", line 979 in _engine_run_backward
   File "/job/train.py", line 96 in main
@@ -26,7 +28,8 @@ def rank(r: int, **kw) -> RankEvidence:
 
 def exc(line: str, t: float) -> ExceptionRecord:
     etype, _, msg = line.partition(": ")
-    return ExceptionRecord(type=etype, message=msg, traceback=f'  File "/job/train.py", line 60, in inject\n{line}', time=t)
+    tb = f'  File "/job/train.py", line 60, in inject\n{line}'
+    return ExceptionRecord(type=etype, message=msg, traceback=tb, time=t)
 
 
 def attempt(*ranks: RankEvidence) -> AttemptEvidence:
@@ -124,3 +127,23 @@ def test_launch_errors():
     assert classify_launch_error("torch.distributed.elastic.rendezvous.api.RendezvousTimeoutError").failure_class \
         == "rendezvous_timeout"  # fmt: skip
     assert classify_launch_error("something odd").failure_class == "unknown"
+
+
+def test_rank_dying_of_its_exception_at_the_verdict_is_initiating():
+    """Its excepthook ran before the verdict, but interpreter teardown outlived the grace."""
+    d = classify_attempt(AttemptEvidence(attempt=0, decided_at=30.0, ranks=(
+        rank(0, exit_code=1, exit_time=20.0, exception=exc(TIMEOUT, 19.9)),
+        rank(2, exit_code=-15, alive_at_decision=True, stopped_by_agent=True,
+             exception=exc("ValueError: bad batch", 29.0), stack=parse_stack_dump(OUTSIDE)),
+    )))  # fmt: skip
+    assert (d.failure_class, d.initiating_rank, d.exception_type) == ("python_exception", 2, "ValueError")
+
+
+def test_exception_raised_by_the_teardown_itself_is_not_a_cause():
+    """A script whose SIGTERM handler raises records an exception AFTER the verdict: still stopped."""
+    d = classify_attempt(AttemptEvidence(attempt=0, decided_at=30.0, ranks=(
+        rank(0, exit_code=-11, exit_time=20.0),
+        rank(1, exit_code=1, alive_at_decision=True, stopped_by_agent=True,
+             exception=exc("KeyboardInterrupt: ", 30.5), stack=parse_stack_dump(IN_COLLECTIVE)),
+    )))  # fmt: skip
+    assert d.initiating_rank == 0 and d.roles[1] == "stopped"

@@ -7,7 +7,6 @@ import subprocess
 import sys
 
 import pytest
-
 from conftest import EXAMPLE, ROOT
 
 
@@ -44,7 +43,8 @@ def test_diag_dir_that_is_a_file_is_a_usage_error(tmp_path):
 
 
 def test_env_diag_dir_and_bad_grace(tmp_path):
-    p = cli("-m", "elastic_diag.run", str(EXAMPLE), env={"ELASTIC_DIAG_GRACE": "soon", "ELASTIC_DIAG_DIR": str(tmp_path)})
+    env = {"ELASTIC_DIAG_GRACE": "soon", "ELASTIC_DIAG_DIR": str(tmp_path)}
+    p = cli("-m", "elastic_diag.run", str(EXAMPLE), env=env)
     assert p.returncode == 2 and "ELASTIC_DIAG_GRACE" in p.stderr
 
 

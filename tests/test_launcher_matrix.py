@@ -9,7 +9,6 @@ from __future__ import annotations
 import re
 
 import pytest
-
 from conftest import EXAMPLE, launch, plain_torchrun, torchrun_diag
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(150)]
@@ -93,13 +92,61 @@ def _torchrun_root_cause(stderr: str) -> int:
     return int(m.group(1))
 
 
-@pytest.mark.parametrize("inject", ["exception-after-cleanup", "hang"])
+# The culprit's cleanup outlasts the collective timeout, so its waiting peers fail first.
+COMPARED = {
+    "exception-after-cleanup": (["--cleanup-seconds", "11"], "python_exception"),
+    "hang": ([], "hang"),
+}
+
+
+@pytest.mark.parametrize("inject", sorted(COMPARED))
 def test_plain_torchrun_blames_a_waiting_rank_where_we_do_not(tmp_path, inject):
-    """The two cases of TORCHELASTIC_NOTES.md where torchrun names a rank that was only waiting."""
-    plain = launch(plain_torchrun(*COMMON, *script_args(inject)), tmp_path / "plain")
+    """The two cases of TORCHELASTIC_NOTES.md where torchrun names a rank that was only waiting.
+
+    The plain run goes through ``torchrun-diag --no-diag`` for one case and ``torchrun`` itself for
+    the other, so --no-diag is shown to be plain torchrun too.
+    """
+    extra, cls = COMPARED[inject]
+    plain_cmd = plain_torchrun if inject == "hang" else (lambda *a: torchrun_diag("--no-diag", *a))
+    plain = launch(plain_cmd(*COMMON, *script_args(inject), *extra), tmp_path / "plain")
     assert plain.returncode == 1
     torchrun_says = _torchrun_root_cause(plain.stderr)
-    diag = launch(torchrun_diag(*COMMON, "--diag-dir", str(tmp_path / "diag"), *script_args(inject)), tmp_path / "diag")
+    diag = launch(torchrun_diag(*COMMON, "--diag-dir", str(tmp_path / "diag"), *script_args(inject), *extra),
+                  tmp_path / "diag")  # fmt: skip
     assert torchrun_says != CULPRIT, f"plain torchrun named the culprit {CULPRIT} this time"
-    assert diag.report["diagnosis"]["initiating_rank"] == CULPRIT
+    d = diag.report["diagnosis"]
+    assert (d["initiating_rank"], d["failure_class"]) == (CULPRIT, cls), d
     assert _torchrun_root_cause(diag.stderr) == CULPRIT
+    assert "elastic_diag: job" not in plain.stderr  # --no-diag prints no diagnosis
+
+
+def test_non_python_workers_and_the_launchers_error_file(tmp_path):
+    """--no-python workers get no bootstrap: the verdict still comes from exit codes and stderr,
+    and the launcher's own error file (read by schedulers) names the initiating rank."""
+    worker = tmp_path / "worker.sh"
+    worker.write_text(
+        "#!/bin/bash\n"
+        'if [ "$RANK" = 2 ]; then sleep 0.5; echo "rank 2: quota exceeded on /ckpt, giving up" >&2; exit 3; fi\n'
+        "exec sleep 60\n"
+    )
+    worker.chmod(0o755)
+    launcher_error = tmp_path / "launcher_error.json"
+    diag = tmp_path / "diag"
+    run = launch(
+        torchrun_diag(*COMMON, "--no-python", "--diag-grace", "1", "--diag-stack-timeout", "0.5",
+                      "--diag-dir", str(diag), str(worker)),  # fmt: skip
+        diag,
+        timeout=60,
+        env={"TORCHELASTIC_ERROR_FILE": str(launcher_error)},
+    )
+    assert run.returncode == 1
+    d = run.report["diagnosis"]
+    assert (d["initiating_rank"], d["failure_class"]) == (CULPRIT, "silent_exit")
+    assert {r["rank"]: r["role"] for r in run.report["ranks"]} == {0: "stopped", 1: "stopped", 2: "initiating",
+                                                                   3: "stopped"}  # fmt: skip
+    assert "rank 2: quota exceeded on /ckpt, giving up" in run.rank(CULPRIT)["last_lines"]
+    assert run.seconds < 30
+    import json
+
+    error = json.loads(launcher_error.read_text())
+    assert "Rank 2" in error["message"]["message"] and error["message"]["errorCode"] == 3

@@ -1,0 +1,130 @@
+"""Launcher benchmarks (not a timed test): prints figures and ratios.
+
+    python benchmarks/launcher.py overhead [--rounds 3] [--steps 80]
+    python benchmarks/launcher.py latency [--repeats 2]
+
+overhead: a healthy 4-rank CPU DDP run of examples/train_ddp.py under plain torchrun and under
+torchrun-diag, interleaved (plain, diag, plain, diag, ...), each rank appending its step times; the
+median step time after a warm-up of 5 steps, per launcher, and their ratio.
+
+latency: for each crash class, the culprit writes time.time() just before failing (--mark-file);
+this process polls <diag-dir>/report.json every 5 ms and notes when a failed verdict naming the
+culprit is on disk. Prints the latency beside the configured grace.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLE = ROOT / "examples" / "train_ddp.py"
+COMMON = ["--standalone", "--nproc-per-node", "4"]
+WARMUP = 5
+
+
+def _run(argv: list[str], timeout: float = 300) -> int:
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    return subprocess.run(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env, timeout=timeout,
+                          cwd=ROOT).returncode  # fmt: skip
+
+
+def _step_times(path: Path) -> list[float]:
+    out = []
+    for line in path.read_text().splitlines():
+        _rank, step, secs = line.split()
+        if int(step) >= WARMUP:
+            out.append(float(secs))
+    return out
+
+
+def overhead(rounds: int, steps: int) -> None:
+    launchers = {
+        "torchrun": [sys.executable, "-m", "torch.distributed.run"],
+        "torchrun-diag": [sys.executable, "-m", "elastic_diag.run"],
+    }
+    samples: dict[str, list[float]] = {k: [] for k in launchers}
+    with tempfile.TemporaryDirectory() as tmp:
+        for r in range(rounds):
+            for name, cmd in launchers.items():
+                times = Path(tmp) / f"{name}-{r}.txt"
+                extra = ["--diag-dir", str(Path(tmp) / f"diag-{r}")] if name == "torchrun-diag" else []
+                rc = _run([*cmd, *COMMON, *extra, str(EXAMPLE), "--steps", str(steps), "--step-sleep", "0",
+                           "--step-times", str(times)])  # fmt: skip
+                if rc != 0:
+                    sys.exit(f"{name} round {r} failed with exit {rc}")
+                samples[name].extend(_step_times(times))
+                med = statistics.median(_step_times(times)) * 1e3
+                print(f"round {r} {name:14} median step {med:.3f} ms", flush=True)
+    med = {k: statistics.median(v) for k, v in samples.items()}
+    ratio = med["torchrun-diag"] / med["torchrun"]
+    print(f"median step time: torchrun {med['torchrun'] * 1e3:.3f} ms, "
+          f"torchrun-diag {med['torchrun-diag'] * 1e3:.3f} ms "
+          f"({len(samples['torchrun'])} / {len(samples['torchrun-diag'])} samples)")
+    print(f"overhead ratio (torchrun-diag / torchrun): {ratio:.4f}  (target <= 1.02)")
+
+
+def _watch_report(path: Path, culprit: int, seen: dict[str, float], stop: threading.Event) -> None:
+    while not stop.is_set():
+        try:
+            d = json.loads(path.read_text())["diagnosis"]
+            if d.get("initiating_rank") == culprit and d.get("failure_class") not in (None, "healthy"):
+                seen["t"] = time.time()
+                return
+        except (OSError, ValueError, KeyError):
+            pass
+        time.sleep(0.005)
+
+
+def latency(repeats: int, grace: float) -> None:
+    culprit = 2
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for inject in ("exception", "segfault", "sigkill", "exit", "memoryerror"):
+            for i in range(repeats):
+                diag = Path(tmp) / f"{inject}-{i}"
+                mark = Path(tmp) / f"{inject}-{i}.mark"
+                seen: dict[str, float] = {}
+                stop = threading.Event()
+                watcher = threading.Thread(target=_watch_report, args=(diag / "report.json", culprit, seen, stop))
+                watcher.start()
+                _run([sys.executable, "-m", "elastic_diag.run", *COMMON, "--diag-dir", str(diag), "--diag-grace",
+                      str(grace), str(EXAMPLE), "--inject", inject, "--culprit-rank", str(culprit),
+                      "--mark-file", str(mark)])  # fmt: skip
+                stop.set()
+                watcher.join()
+                failed_at = float(mark.read_text())
+                lat = seen["t"] - failed_at if "t" in seen else float("nan")
+                rows.append((inject, lat))
+                print(f"{inject:12} run {i}: verdict on disk {lat:.3f} s after the failure", flush=True)
+    worst = max(lat for _, lat in rows)
+    print(f"grace {grace:.1f} s; worst detection latency {worst:.3f} s; beyond grace {worst - grace:+.3f} s "
+          f"(target <= +1 s); median {statistics.median(lat for _, lat in rows):.3f} s")
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = p.add_subparsers(dest="what", required=True)
+    o = sub.add_parser("overhead")
+    o.add_argument("--rounds", type=int, default=3)
+    o.add_argument("--steps", type=int, default=80)
+    lat = sub.add_parser("latency")
+    lat.add_argument("--repeats", type=int, default=2)
+    lat.add_argument("--grace", type=float, default=5.0)
+    a = p.parse_args()
+    if a.what == "overhead":
+        overhead(a.rounds, a.steps)
+    else:
+        latency(a.repeats, a.grace)
+
+
+if __name__ == "__main__":
+    main()
