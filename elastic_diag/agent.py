@@ -28,6 +28,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from subprocess import Popen
 from typing import Any
 
@@ -159,22 +160,38 @@ class AttemptCapture:
     def exit_time(self, lr: int) -> float | None:
         return self.watcher.time_of(lr) or self.poll_times.get(lr)
 
+    def _dying(self, lr: int) -> bool:
+        """The rank's excepthook has recorded an uncaught exception: it is on its way out."""
+        return self.workers[lr].layout.path(bootstrap.EXCEPTION_FILE).exists()
+
     def has_failure(self) -> bool:
-        return any(code not in (None, 0) for code in self._poll().values())
+        """A rank exited non-zero, or recorded an uncaught exception (its exit can take seconds)."""
+        codes = self._poll()
+        return any(c not in (None, 0) for c in codes.values()) or any(
+            self._dying(lr) for lr, c in codes.items() if c is None
+        )
+
+    def _waiting_for(self, codes: dict[int, int | None]) -> set[int]:
+        return {lr for lr, c in codes.items() if c is None and not self._dying(lr)}
 
     # -- the capture before teardown ---------------------------------------------------------------
     def decide(self) -> Diagnosis:
-        """Grace, stacks of live ranks, verdict on disk; all before torch's teardown."""
+        """Grace, stacks of live ranks, verdict on disk; all before torch's teardown.
+
+        The grace ends when every rank has exited or recorded its own uncaught exception; the
+        stacks are taken of the ranks alive with neither (they are where the story is).
+        """
         deadline = time.monotonic() + self.config.grace_s
         codes = self._poll()
-        while any(c is None for c in codes.values()) and time.monotonic() < deadline:
+        while self._waiting_for(codes) and time.monotonic() < deadline:
             self._sleep(_POLL_S)
             codes = self._poll()
         alive = {lr for lr, c in codes.items() if c is None}
         self.alive_at_decision = alive
         self.decided_at = self._clock()
-        if alive:
-            targets = {lr: (self.workers[lr].proc.pid, self.workers[lr].layout) for lr in alive}
+        silent = self._waiting_for(codes)  # alive with no exception of their own: where are they?
+        if silent:
+            targets = {lr: (self.workers[lr].proc.pid, self.workers[lr].layout) for lr in silent}
             self.stacks = dump_stacks(targets, self.config.stack_timeout_s, sleep=self._sleep)
         self.decided = True
         evidence = self.evidence(final=False)
@@ -195,8 +212,8 @@ class AttemptCapture:
                 t = self.exit_time(lr)
                 if c in (-signal.SIGTERM, -signal.SIGKILL) and first is not None and t is not None and t > first:
                     alive_at_decision.add(lr)
-        if final:
-            stopped = {lr for lr in alive_at_decision if codes.get(lr) is not None}
+        if final:  # the launcher's teardown ends a rank with SIGTERM, or SIGKILL after its deadline
+            stopped = {lr for lr in alive_at_decision if codes.get(lr) in (-signal.SIGTERM, -signal.SIGKILL)}
         ranks = []
         for lr, w in sorted(self.workers.items()):
             info = read_json(w.layout.path(bootstrap.WORKER_FILE)) or {}
@@ -282,6 +299,10 @@ class DiagAgent(LocalElasticAgent):
     def _start_workers(self, worker_group: WorkerGroup) -> dict[int, Any]:
         pids: dict[int, Any] = super()._start_workers(worker_group)
         self._capture = None
+        specs = self._logs_specs
+        if isinstance(specs, DiagLogsSpecs):
+            while specs.errors:
+                self._session.internal_error("starting the workers", OSError(specs.errors.pop(0)))
         try:
             self._capture = self._new_capture(worker_group)
         except Exception as e:  # the job runs on without diagnosis; the report says so
@@ -314,11 +335,53 @@ class DiagAgent(LocalElasticAgent):
             except Exception as e:
                 self._session.internal_error("capturing evidence before teardown", e)
         result: RunResult = super()._monitor_workers(worker_group)
-        if capture is not None and not capture.finished and result.state in (
-            WorkerState.SUCCEEDED, WorkerState.FAILED, WorkerState.UNHEALTHY,
-        ):  # fmt: skip
+        ended = result.state in (WorkerState.SUCCEEDED, WorkerState.FAILED, WorkerState.UNHEALTHY)
+        if ended and capture is not None and not capture.finished:
             try:
                 result = capture.finish(result)
             except Exception as e:
                 self._session.internal_error("writing the verdict after teardown", e)
+        elif ended and capture is None and result.failures:
+            try:
+                self._verdict_from_failures(worker_group, result)
+            except Exception as e:
+                self._session.internal_error("taking a verdict from torch's failure list", e)
         return result
+
+    def _verdict_from_failures(self, worker_group: WorkerGroup, result: RunResult) -> None:
+        """No live capture this attempt: the verdict from exit codes and error files only."""
+        restart_count = worker_group.spec.max_restarts - self._remaining_restarts
+        evidence = evidence_from_failures(restart_count, result.failures, worker_group, self._node)
+        self._session.note(f"attempt {restart_count}: verdict from exit codes only (no evidence folder)")
+        self._session.record_attempt(evidence, classify_attempt(evidence), status="failed", final=True)
+
+
+def evidence_from_failures(
+    attempt: int, failures: dict[int, ProcessFailure], worker_group: WorkerGroup, node: str
+) -> AttemptEvidence:
+    """Evidence from torch's own failure records. Ranks torch SIGTERMed/SIGKILLed while another rank
+    had failed by itself count as stopped by the launcher; ranks absent from the list succeeded."""
+    by_signal = (-signal.SIGTERM, -signal.SIGKILL)
+    others_failed = any(f.exitcode not in by_signal for f in failures.values())
+    ranks = []
+    for w in worker_group.workers:
+        f = failures.get(w.global_rank)
+        if f is None:
+            ranks.append(RankEvidence(rank=w.global_rank, local_rank=w.local_rank, node=node, exit_code=0))
+            continue
+        stopped = others_failed and f.exitcode in by_signal
+        error_file = Path(f.error_file)
+        ranks.append(
+            RankEvidence(
+                rank=w.global_rank,
+                local_rank=w.local_rank,
+                node=node,
+                pid=f.pid,
+                exit_code=f.exitcode,
+                exit_time=float(f.timestamp),
+                alive_at_decision=stopped,
+                stopped_by_agent=stopped,
+                exception=read_exception(error_file.parent) if error_file.is_file() else None,
+            )
+        )
+    return AttemptEvidence(attempt=attempt, ranks=tuple(ranks))

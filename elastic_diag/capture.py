@@ -72,14 +72,12 @@ class DiagLogsSpecs(LogsSpecs):
             diag_dir = os.environ.get("ELASTIC_DIAG_DIR") or default_diag_dir()
         self.diag_dir = Path(diag_dir).absolute()
         self.attempts: dict[int, AttemptLayout] = {}
+        self.current: AttemptLayout | None = None  # the layout of the attempt being started, if any
+        self.errors: list[str] = []  # failures to lay out the evidence; drained by the agent
 
     @property
     def root_log_dir(self) -> str:
         return str(self.diag_dir)
-
-    @property
-    def current(self) -> AttemptLayout | None:
-        return self.attempts[max(self.attempts)] if self.attempts else None
 
     def _on_console(self, local_rank: int, std: Std, redirs: dict[int, Std], tees: dict[int, Std]) -> bool:
         if self._local_ranks_filter and local_rank not in self._local_ranks_filter:
@@ -87,6 +85,25 @@ class DiagLogsSpecs(LogsSpecs):
         return not (redirs[local_rank] & std) or bool(tees[local_rank] & std)
 
     def reify(self, envs: dict[int, dict[str, str]]) -> LogsDest:
+        """Lay out the attempt's evidence; if that fails, run on as plain torchrun would (console only)."""
+        self.current = None
+        try:
+            return self._reify(envs)
+        except OSError as e:
+            attempt = envs[0].get("TORCHELASTIC_RESTART_COUNT", "?") if envs else "?"
+            self.errors.append(f"laying out the evidence of attempt {attempt} in {self.diag_dir}: {e}")
+            return self._console_only(envs)
+
+    def _console_only(self, envs: dict[int, dict[str, str]]) -> LogsDest:
+        dest = LogsDest(filtered_stdout=os.devnull, filtered_stderr=os.devnull)
+        for local_rank, env in envs.items():
+            dest.stdouts[local_rank] = ""  # "" is torch's "the console"
+            dest.stderrs[local_rank] = ""
+            dest.error_files[local_rank] = os.devnull
+            env["TORCHELASTIC_ERROR_FILE"] = ""
+        return dest
+
+    def _reify(self, envs: dict[int, dict[str, str]]) -> LogsDest:
         nprocs = len(envs)
         first = envs[0] if nprocs else {}
         attempt = int(first.get("TORCHELASTIC_RESTART_COUNT", "0"))
@@ -124,6 +141,7 @@ class DiagLogsSpecs(LogsSpecs):
             env[bootstrap.ENV_BOOT_PATH] = BOOT_DIR
             env["PYTHONPATH"] = os.pathsep.join(p for p in (BOOT_DIR, env.get("PYTHONPATH", python_path)) if p)
         self.attempts[attempt] = layout
+        self.current = layout
         return dest
 
     def __repr__(self) -> str:

@@ -40,6 +40,7 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--culprit-rank", type=int, default=1)
     p.add_argument("--at-step", type=int, default=3)
     p.add_argument("--steps", type=int, default=12)
+    p.add_argument("--width", type=int, default=64, help="hidden width of the model (compute per step)")
     p.add_argument("--step-sleep", type=float, default=0.05, help="extra seconds per step (simulated work)")
     p.add_argument("--pg-timeout", type=float, default=30.0, help="process-group (collective) timeout, seconds")
     p.add_argument("--cleanup-seconds", type=float, default=3.0, help="exception-after-cleanup: seconds of cleanup")
@@ -79,7 +80,9 @@ def main() -> None:
     args = parse_args()
     dist.init_process_group("gloo", timeout=timedelta(seconds=args.pg_timeout))
     torch.manual_seed(0)
-    model = DDP(torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 1)))
+    w = args.width
+    model = DDP(torch.nn.Sequential(torch.nn.Linear(32, w), torch.nn.ReLU(), torch.nn.Linear(w, w), torch.nn.ReLU(),
+                                    torch.nn.Linear(w, 1)))  # fmt: skip
     failure: ValueError | None = None
     try:
         train(args, model)

@@ -150,3 +150,22 @@ def test_non_python_workers_and_the_launchers_error_file(tmp_path):
 
     error = json.loads(launcher_error.read_text())
     assert "Rank 2" in error["message"]["message"] and error["message"]["errorCode"] == 3
+
+
+def test_unusable_evidence_folder_degrades_to_plain_torchrun(tmp_path):
+    """The diag machinery fails (attempt_0 cannot be created): the job runs and exits as plain
+    torchrun would, the verdict comes from torch's failure list, and the failure is reported."""
+    worker = tmp_path / "worker.sh"
+    worker.write_text('#!/bin/bash\nif [ "$RANK" = 1 ]; then echo "rank 1 leaving" >&2; exit 4; fi\nexec sleep 60\n')
+    worker.chmod(0o755)
+    diag = tmp_path / "diag"
+    diag.mkdir()
+    (diag / "attempt_0").write_text("a file where the attempt folder should go")
+    run = launch(torchrun_diag(*COMMON, "--no-python", "--diag-dir", str(diag), str(worker)), diag, timeout=60)
+    assert run.returncode == 1
+    assert "rank 1 leaving" in run.stderr  # shown on the console as torchrun shows it
+    report = run.report
+    assert any("attempt_0" in e for e in report["internal_errors"]), report["internal_errors"]
+    d = report["diagnosis"]
+    assert (d["initiating_rank"], d["failure_class"]) == (1, "silent_exit")
+    assert "elastic_diag internal error" in run.stderr
