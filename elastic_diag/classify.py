@@ -34,6 +34,7 @@ class RankFinding:
     lines: tuple[str, ...] = ()
     time: float | None = None
     in_collective: bool | None = None
+    named: tuple[tuple[int, Signature, str], ...] = ()  # ranks this rank's lines name as the cause
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -110,9 +111,15 @@ def examine_rank(ev: RankEvidence, taxonomy: Taxonomy, decided_at: float | None 
         state = "failed"
 
     candidates: list[tuple[Signature, str]] = []
+    named: list[tuple[int, Signature, str]] = []
     for line in _rank_lines(ev):
-        for sig, _m in taxonomy.match_line(line):
+        for sig, m in taxonomy.match_line(line):
             candidates.append((sig, line.strip()))
+            groups = m.groupdict()
+            for key in ("peers", "rank_a", "rank_b"):
+                peers = groups.get(key)
+                if peers:
+                    named.extend((int(p), sig, line.strip()) for p in peers.replace(" ", "").split(",") if p.isdigit())
     if state == "failed":
         by_exception = taxonomy.for_exception(ev.exception.type) if ev.exception is not None else None
         if by_exception is not None and ev.exception is not None:
@@ -154,6 +161,7 @@ def examine_rank(ev: RankEvidence, taxonomy: Taxonomy, decided_at: float | None 
         lines=tuple(lines),
         time=ev.first_error_time,
         in_collective=in_coll,
+        named=tuple(named),
     )
 
 
@@ -161,8 +169,16 @@ def _fmt_ranks(ranks: list[int]) -> str:
     return ", ".join(str(r) for r in ranks) if ranks else "none"
 
 
-def classify_attempt(evidence: AttemptEvidence, taxonomy: Taxonomy | None = None) -> Diagnosis:
-    """Attribute one attempt: the initiating rank, its class, and every rank's role."""
+def classify_attempt(
+    evidence: AttemptEvidence,
+    taxonomy: Taxonomy | None = None,
+    extra_votes: list[tuple[int, Signature, str]] | None = None,
+) -> Diagnosis:
+    """Attribute one attempt: the initiating rank, its class, and every rank's role.
+
+    ``extra_votes`` are (rank, signature, explanation) from checks across ranks that no single
+    line shows (the analyzer's comparison of collective schedules).
+    """
     tax = taxonomy or load_taxonomy()
     by_rank = {ev.rank: ev for ev in evidence.ranks}
     findings = {ev.rank: examine_rank(ev, tax, evidence.decided_at) for ev in evidence.ranks}
@@ -183,17 +199,35 @@ def classify_attempt(evidence: AttemptEvidence, taxonomy: Taxonomy | None = None
     alive = [f for f in findings.values() if f.state in ("alive", "stopped") and f.hint != "collateral"]
     alive_outside = sorted((f for f in alive if f.in_collective is False), key=lambda f: f.rank)
 
+    votes: dict[int, list[tuple[Signature, str]]] = {}
+    for f in findings.values():
+        for r, vote_sig, line in f.named:
+            if r != f.rank and r in findings:
+                votes.setdefault(r, []).append((vote_sig, line))
+    for r, vote_sig, line in extra_votes or ():
+        if r in findings:
+            votes.setdefault(r, []).append((vote_sig, line))
+    named_rank = max(votes, key=lambda r: (len(votes[r]), -r)) if votes else None
+
     initiating: RankFinding | None = None
     reason = ""
+    naming: tuple[Signature, str] | None = None
     if primary:
         initiating = primary[0]
         reason = "failed first on its own"
+    elif named_rank is not None:
+        initiating = findings[named_rank]
+        naming = max(votes[named_rank], key=lambda v: v[0].priority)
+        reason = f"is named by {len(votes[named_rank])} line(s) of its peers"
     elif alive_outside:
         initiating = alive_outside[0]
         reason = ""
     elif collateral and len(alive) == 1:
         initiating = alive[0]
         reason = "neither failed nor reported a timeout while every other rank did"
+    elif collateral and not alive and len(early := [f for f in findings.values() if f.state == "succeeded"]) == 1:
+        initiating = early[0]
+        reason = "exited 0 while its peers still waited for it in a collective"
 
     roles: dict[int, str] = {}
     for r, f in findings.items():
@@ -212,8 +246,8 @@ def classify_attempt(evidence: AttemptEvidence, taxonomy: Taxonomy | None = None
 
     if initiating is None:
         lead = collateral[0] if collateral else (failed[0] if failed else None)
-        sig = lead.signature if lead else None
-        cls = sig.failure_class if sig else "unknown"
+        no_sig = lead.signature if lead else None
+        cls = no_sig.failure_class if no_sig else "unknown"
         if cls not in ("collective_timeout", "network_error"):
             cls = "collective_timeout" if collateral else "unknown"
         summary = (
@@ -223,18 +257,56 @@ def classify_attempt(evidence: AttemptEvidence, taxonomy: Taxonomy | None = None
         )
         return Diagnosis(
             failure_class=cls,
-            signature_id=sig.id if sig else None,
+            signature_id=no_sig.id if no_sig else None,
             summary=summary,
             evidence=tuple(line for f in collateral[:2] for line in f.lines)[:MAX_EVIDENCE_LINES],
-            fix=sig.fix if sig else None,
-            verify=sig.verify if sig else None,
+            fix=no_sig.fix if no_sig else None,
+            verify=no_sig.verify if no_sig else None,
             collateral_ranks=tuple(collateral_ranks),
             roles=roles,
-            retryable=sig.retryable if sig else None,
+            retryable=no_sig.retryable if no_sig else None,
         )
 
+    if initiating.failure_class == "rendezvous_timeout" and initiating.state == "failed":
+        rz_sig = initiating.signature
+        return Diagnosis(
+            failure_class="rendezvous_timeout",
+            signature_id=rz_sig.id if rz_sig else None,
+            summary="The rendezvous did not complete: ranks are assigned only after it does, so no rank can be "
+            "named; the missing node(s) are the cause.",
+            evidence=initiating.lines[:MAX_EVIDENCE_LINES],
+            fix=rz_sig.fix if rz_sig else None,
+            verify=rz_sig.verify if rz_sig else None,
+            roles={r: "unknown" for r in findings},
+            retryable=rz_sig.retryable if rz_sig else None,
+        )
+    together = [f for f in primary[1:] if f.signature is initiating.signature and initiating.failure_class == "nan_inf"
+                and (f.time is None or initiating.time is None or abs(f.time - initiating.time) < 30.0)]  # fmt: skip
+    if together:
+        nan_sig = initiating.signature
+        return Diagnosis(
+            failure_class="nan_inf",
+            signature_id=nan_sig.id if nan_sig else None,
+            summary=f"Ranks {_fmt_ranks(sorted([initiating.rank] + [f.rank for f in together]))} became non-finite "
+            "together (the check is all-reduced); these logs do not show whose LOCAL loss or gradients went "
+            "non-finite first. Log each rank's local loss before the all_reduce to name it.",
+            evidence=initiating.lines[:MAX_EVIDENCE_LINES],
+            fix=nan_sig.fix if nan_sig else None,
+            verify=nan_sig.verify if nan_sig else None,
+            roles={r: "unknown" for r in findings},
+            retryable=nan_sig.retryable if nan_sig else None,
+        )
     ev = by_rank[initiating.rank]
-    if initiating.state == "failed":
+    sig: Signature | None
+    if naming is not None:
+        sig = naming[0]
+        cls = sig.failure_class
+        lines = [naming[1]]
+    elif initiating.state == "succeeded":
+        sig = tax.get("nccl-desync-report")
+        cls = "collective_desync"
+        lines = [f"rank {ev.rank} exited with status 0 while its peers waited for it in a collective"]
+    elif initiating.state == "failed":
         sig = initiating.signature
         cls = initiating.failure_class
         lines = list(initiating.lines)
@@ -255,10 +327,13 @@ def classify_attempt(evidence: AttemptEvidence, taxonomy: Taxonomy | None = None
         "silent_exit": f"exited with status {ev.exit_code} without a traceback",
         "hang": "was stuck outside any collective",
     }.get(cls, f"failed ({sig.title if sig else cls})")
+    if naming is not None:
+        what = f"is named by its peers: {sig.title if sig else cls}"
     loc = ev.exception.location() if ev.exception and cls in ("python_exception", "host_oom") else None
     if cls == "hang" and ev.stack is not None and ev.stack.user_frame() is not None:
         loc = str(ev.stack.user_frame())
-    summary = f"Rank {ev.rank} on {ev.node} {what}" + (f" at {loc}" if loc else "")
+    where = f" on {ev.node}" if ev.node else ""
+    summary = f"Rank {ev.rank}{where} {what}" + (f" at {loc}" if loc else "")
     summary += ", while its peers waited." if cls == "hang" else "."
     if collateral_ranks:
         summary += f" Ranks {_fmt_ranks(collateral_ranks)} then failed waiting for it."
@@ -273,7 +348,7 @@ def classify_attempt(evidence: AttemptEvidence, taxonomy: Taxonomy | None = None
     return Diagnosis(
         failure_class=cls,
         initiating_rank=ev.rank,
-        initiating_node=ev.node,
+        initiating_node=ev.node or None,
         exception_type=ev.exception.type if ev.exception and initiating.state == "failed" else None,
         signature_id=sig.id if sig else None,
         summary=summary,

@@ -1,13 +1,14 @@
 """``elastic-diag``: the command-line front door.
 
-Subcommands: ``run`` (the same as ``torchrun-diag``), ``signatures`` (list the taxonomy),
-``explain ID`` (one signature as a page). ``main(argv) -> parse -> subcommand.run(args)``; only
-``main`` touches logging and the exit status.
+Subcommands: ``run`` (the same as ``torchrun-diag``), ``analyze PATH...`` (offline, no torch),
+``signatures`` (list the taxonomy), ``explain ID`` (one signature as a page).
+``main(argv) -> parse -> subcommand``; only ``main`` touches the exit status.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import textwrap
 from collections.abc import Sequence
@@ -58,11 +59,32 @@ def _cmd_explain(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _cmd_analyze(args: argparse.Namespace) -> int:
+    import json
+
+    from elastic_diag.analyze import analyze_paths, format_analysis
+
+    missing = [p for p in args.paths if not os.path.exists(p)]
+    if len(missing) == len(args.paths):
+        print(f"elastic-diag: error: no such file or folder: {', '.join(missing)}", file=sys.stderr)
+        return EXIT_USAGE
+    analysis = analyze_paths(args.paths)
+    if args.json:
+        print(json.dumps(analysis.to_json(), indent=2))
+    else:
+        print(format_analysis(analysis))
+    return EXIT_OK
+
+
 def get_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="elastic-diag", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("run", help="torchrun with diagnosis (same as torchrun-diag)", add_help=False)
     sub.add_parser("signatures", help="list the failure signatures").set_defaults(func=_cmd_signatures)
+    analyze = sub.add_parser("analyze", help="diagnose a failed job from its log files, locally")
+    analyze.add_argument("paths", nargs="+", help="log files, torchrun log dirs, elastic_diag diag dirs")
+    analyze.add_argument("--json", action="store_true", help="print one JSON object (elastic_diag.analysis/1)")
+    analyze.set_defaults(func=_cmd_analyze)
     explain = sub.add_parser("explain", help="explain one failure signature")
     explain.add_argument("signature_id")
     explain.set_defaults(func=_cmd_explain)

@@ -147,3 +147,29 @@ def test_exception_raised_by_the_teardown_itself_is_not_a_cause():
              exception=exc("KeyboardInterrupt: ", 30.5), stack=parse_stack_dump(IN_COLLECTIVE)),
     )))  # fmt: skip
     assert d.initiating_rank == 0 and d.roles[1] == "stopped"
+
+
+def test_rank_named_by_its_peers_desync_report():
+    report = "    [3] finished collective #182, but didn't join collective #183 (count from 1)"
+    watchdog = (
+        "[Rank 0] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=183, OpType=ALLREDUCE, "
+        "NumelIn=6, NumelOut=6, Timeout(ms)=600000) ran for 600086 milliseconds before timing out."
+    )
+    d = classify_attempt(attempt(
+        rank(0, exit_code=-6, exit_time=600.0, stderr_tail=(watchdog, report)),
+        rank(1, exit_code=-6, exit_time=600.1, stderr_tail=(watchdog.replace("Rank 0", "Rank 1"),)),
+        rank(2, exit_code=-6, exit_time=600.2, stderr_tail=(watchdog.replace("Rank 0", "Rank 2"),)),
+        rank(3, exit_code=-15, alive_at_decision=True, stopped_by_agent=True),
+    ))  # fmt: skip
+    assert (d.failure_class, d.initiating_rank) == ("collective_desync", 3)
+    assert report.strip() in d.evidence
+
+
+def test_monitored_barrier_names_the_missing_rank():
+    line = "RuntimeError: [Rank 0]: Rank 2 failed to pass monitoredBarrier in 2000 ms"
+    d = classify_attempt(attempt(
+        rank(0, exit_code=1, exit_time=5.0, exception=exc(line, 5.0)),
+        rank(1, exit_code=-15, alive_at_decision=True, stopped_by_agent=True),
+        rank(2, exit_code=-15, alive_at_decision=True, stopped_by_agent=True),
+    ))  # fmt: skip
+    assert (d.failure_class, d.initiating_rank) == ("hang", 2)

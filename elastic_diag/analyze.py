@@ -1,0 +1,623 @@
+"""``elastic-diag analyze``: the classifier over log files a user already has. No torch, no upload.
+
+Streaming: each file is read in chunks; one compiled prefilter (the signatures' literals plus the
+generic error words) finds the few candidate lines in C, and only those are parsed in Python. The
+rank of a line comes from its prefix (``[rank3]:``), else from its file's path. Per rank the
+earliest distinct errors are kept, plus the last lines of the files that belong to it; torchrun's
+failure summary adds exit codes, signals and pids. The same :func:`classify_attempt` as the live
+agent then attributes the failure. Memory is bounded by the number of ranks, not the log size.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from collections import deque
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from elastic_diag.classify import Diagnosis, classify_attempt
+from elastic_diag.evidence import AttemptEvidence, ExceptionRecord, RankEvidence, parse_stack_dump
+from elastic_diag.logs import (
+    SummaryFailure,
+    SummaryParser,
+    message_rank,
+    parse_deepspeed_exit,
+    parse_deepspeed_mapping,
+    parse_failed_line,
+    parse_line,
+    rank_from_path,
+)
+from elastic_diag.taxonomy import Signature, Taxonomy, load_taxonomy
+
+SCHEMA = "elastic_diag.analysis/1"
+CHUNK = 4 << 20
+MAX_LINE = 64 * 1024  # longer lines are cut before matching
+MAX_HITS_PER_RANK = 64
+CONTEXT_LINES = 100
+TAIL_LINES = 20
+_GENERIC = [
+    "nranks", "nRanks", "closing signal", "global_rank_mapping", "exits with return code", "Minimum loss scale",
+    "Rank ", "pid=", "pid ",
+    "Error", "Exception", "Traceback", "Fatal Python error", "Killed", "NCCL WARN", "imed out", "exitcode",
+    "terminate called", "Signal ", "SIGSEGV", "SIGABRT", "SIGKILL", "Root Cause", "ChildFailedError", "nan", "NaN",
+    "No space left", "ermission denied", "ddress already in use", "oom", "OOM", "Xid", "ECC", "failed (exitcode",
+    "local_rank", "watchdog", "Watchdog", "==========",
+]  # fmt: skip
+_EXC_LINE = re.compile(
+    r"^(?P<type>(?:[A-Za-z_][\w]*\.)*[A-Z]\w*(?:Error|Exception|Interrupt|Exit))(?::\s?(?P<msg>.*))?$"
+)
+_CLOSING = re.compile(r"Sending process (\d+) closing signal")
+_NCCL_RANK = re.compile(r"NCCL INFO .*?\brank (\d+) n[Rr]anks \d+")
+_WATCHDOG = re.compile(r"WorkNCCL\(SeqNum=(?P<seq>\d+), OpType=(?P<op>\w+)")
+_PID = re.compile(r"\bpid[=: ]\s?(\d{2,})\b")
+_TB_FILE = re.compile(r'^\s*File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<func>\S+)')
+
+
+@dataclass(slots=True)
+class Hit:
+    signature: Signature
+    text: str
+    source: int
+    offset: int
+    order: int  # position in the whole read, to order hits of one file
+
+
+@dataclass(slots=True)
+class RankLog:
+    rank: int
+    node: str | None = None
+    hits: list[Hit] = field(default_factory=list)
+    exception: ExceptionRecord | None = None
+    exception_hit: Hit | None = None
+    last_lines: deque[str] = field(default_factory=lambda: deque(maxlen=TAIL_LINES))
+    lines: int = 0
+    time: float | None = None
+    pid: int | None = None
+    exit_code: int | None = None
+    stopped: bool = False
+    stack: str | None = None
+
+
+@dataclass(slots=True)
+class Analysis:
+    diagnosis: Diagnosis
+    ranks: dict[int, RankLog]
+    files: list[str]
+    skipped: list[str]
+    context: list[str]
+    torchrun_root: int | None
+    decisive: Hit | None
+
+    def to_json(self) -> dict[str, Any]:
+        roles = self.diagnosis.roles
+        return {
+            "schema": SCHEMA,
+            "diagnosis": self.diagnosis.to_json(),
+            "ranks": [
+                {
+                    "rank": r.rank,
+                    "node": r.node,
+                    "role": roles.get(r.rank, "unknown"),
+                    "exit_code": r.exit_code,
+                    "signal": _signal_name(r.exit_code),
+                    "first_error_time": r.time,
+                    "last_lines": list(r.last_lines),
+                    "stack": None,
+                    "errors": [h.text for h in _distinct(r.hits)][:8],
+                }
+                for r in sorted(self.ranks.values(), key=lambda r: r.rank)
+            ],
+            "context": self.context,
+            "torchrun_root_cause_rank": self.torchrun_root,
+            "files": self.files,
+            "skipped": self.skipped,
+        }
+
+
+def _signal_name(code: int | None) -> str | None:
+    from elastic_diag.evidence import signal_name
+
+    return signal_name(code)
+
+
+def _distinct(hits: list[Hit]) -> list[Hit]:
+    seen: set[str] = set()
+    out = []
+    for h in hits:
+        if h.signature.id not in seen:
+            seen.add(h.signature.id)
+            out.append(h)
+    return out
+
+
+def _prefilter(taxonomy: Taxonomy) -> re.Pattern[bytes]:
+    words = set(_GENERIC)
+    for sig in taxonomy:
+        words.update(sig.literals)
+    alternation = b"|".join(re.escape(w.encode()) for w in sorted(words, key=len, reverse=True))
+    return re.compile(alternation)
+
+
+# --- walking the paths ---------------------------------------------------------------------------
+
+
+def iter_files(paths: Iterable[str | Path], skipped: list[str]) -> Iterator[Path]:
+    """Regular files under the paths, sorted; symlinks are not followed into loops."""
+    seen: set[tuple[int, int]] = set()
+    for raw in paths:
+        p = Path(raw)
+        if not p.exists():
+            skipped.append(f"{p}: no such file or folder")
+            continue
+        if p.is_file():
+            yield p
+            continue
+        for root, dirs, files in os.walk(p, followlinks=False):
+            dirs.sort()
+            for name in sorted(files):
+                f = Path(root) / name
+                try:
+                    st = f.stat()
+                except OSError as e:
+                    skipped.append(f"{f}: {e.strerror or e}")
+                    continue
+                key = (st.st_dev, st.st_ino)
+                if key in seen or not f.is_file():
+                    continue
+                seen.add(key)
+                yield f
+
+
+def _is_binary(head: bytes) -> bool:
+    """Mostly non-text: a core dump, a pickle. A log with some NUL bytes or junk is still read."""
+    if not head:
+        return False
+    text = head.decode("utf-8", errors="replace")
+    bad = sum(1 for c in text if c == "\ufffd" or (ord(c) < 32 and c not in "\t\n\r\x1b") or c == "\x7f")
+    return bad / len(text) > 0.3
+
+
+# --- reading ---------------------------------------------------------------------------------------
+
+
+class Analyzer:
+    def __init__(self, taxonomy: Taxonomy | None = None) -> None:
+        self.taxonomy = taxonomy or load_taxonomy()
+        self.prefilter = _prefilter(self.taxonomy)
+        self.ranks: dict[int, RankLog] = {}
+        self.summary = SummaryParser()
+        self.failed_lines: list[tuple[int, int, int]] = []
+        self.files: list[str] = []
+        self.skipped: list[str] = []
+        self.unranked: list[Hit] = []
+        self._order = 0
+        self.ds_mapping: dict[str, list[int]] = {}
+        self.pids: dict[int, int] = {}
+        self.sigtermed: set[int] = set()  # pids torch's agent sent a closing signal: alive at teardown
+        self.pid_hits: list[tuple[int, Hit]] = []
+        self.ds_exits: list[tuple[str | None, int, int]] = []
+
+    def rank(self, r: int) -> RankLog:
+        if r not in self.ranks:
+            self.ranks[r] = RankLog(rank=r)
+        return self.ranks[r]
+
+    def add_paths(self, paths: Iterable[str | Path]) -> None:
+        for f in iter_files(paths, self.skipped):
+            try:
+                self.add_file(f)
+            except OSError as e:
+                self.skipped.append(f"{f}: {e.strerror or e}")
+
+    def add_file(self, path: Path) -> None:
+        if path.name in ("exception.json", "error.json"):
+            self._add_error_json(path)
+            return
+        if path.name == "report.json":
+            self._add_report(path)
+            return
+        if path.suffix in (".json", ".pkl", ".pickle", ".tmp"):
+            return
+        with open(path, "rb") as fp:
+            head = fp.read(8192)
+            if _is_binary(head):
+                self.skipped.append(f"{path}: binary file, skipped")
+                return
+            fp.seek(0)
+            idx = len(self.files)
+            self.files.append(str(path))
+            file_rank = rank_from_path(path)
+            self._scan(fp, idx, file_rank)
+        if file_rank is not None:
+            self._tail(path, file_rank)
+
+    def _scan(self, fp: Any, idx: int, file_rank: int | None) -> None:
+        carry = b""
+        base = 0
+        while True:
+            block = fp.read(CHUNK)
+            if not block:
+                break
+            data = carry + block
+            cut = data.rfind(b"\n")
+            if cut < 0 and len(data) < 4 * CHUNK:
+                carry = data
+                continue
+            if cut < 0:
+                cut = len(data) - 1  # a giant line: cut it
+            chunk, carry = data[: cut + 1], data[cut + 1 :]
+            self._scan_chunk(chunk, base, idx, file_rank)
+            base += len(chunk)
+        if carry:
+            self._scan_chunk(carry + b"\n", base, idx, file_rank)
+
+    def _scan_chunk(self, chunk: bytes, base: int, idx: int, file_rank: int | None) -> None:
+        if file_rank is None:
+            for m in re.finditer(rb"^(?:[a-z0-9][a-z0-9.-]*\d[a-z0-9.-]*: )?\[(?:rank|default)(\d+)\]:", chunk, re.M):
+                self.rank(int(m.group(1))).lines += 1
+        else:
+            self.rank(file_rank).lines += chunk.count(b"\n")
+        summary_at = chunk.find(b"ChildFailedError") if not self.summary.active else 0
+        if summary_at >= 0:
+            self._feed_summary(chunk, summary_at)
+        last_end = -1
+        for m in self.prefilter.finditer(chunk):
+            if m.start() <= last_end:
+                continue
+            start = chunk.rfind(b"\n", 0, m.start()) + 1
+            end = chunk.find(b"\n", m.end())
+            end = len(chunk) if end < 0 else end
+            last_end = end
+            raw = chunk[start : min(end, start + MAX_LINE)].decode("utf-8", errors="replace")
+            self._line(raw, base + start, idx, file_rank)
+
+    def _feed_summary(self, chunk: bytes, start: int) -> None:
+        """torchrun's failure summary: every line of it, from ChildFailedError on (it is short)."""
+        start = chunk.rfind(b"\n", 0, start) + 1
+        for n, raw in enumerate(chunk[start:].split(b"\n")):
+            if n > 5000 or (n > 0 and not self.summary.active):
+                break
+            self.summary.feed(parse_line(raw.decode("utf-8", errors="replace")).text)
+
+    def _line(self, raw: str, offset: int, idx: int, file_rank: int | None) -> None:
+        parsed = parse_line(raw)
+        text = parsed.text.strip()
+        failed = parse_failed_line(text)
+        if failed:
+            self.failed_lines.append(failed)
+        if "closing signal" in text and (cm := _CLOSING.search(text)):
+            self.sigtermed.add(int(cm.group(1)))
+        if "global_rank_mapping" in text:
+            self.ds_mapping.update(parse_deepspeed_mapping(text) or {})
+        ds_exit = parse_deepspeed_exit(text) if "exits with return code" in text else None
+        if ds_exit is not None:
+            self.ds_exits.append((parsed.host, ds_exit[0], ds_exit[1]))
+        rank = parsed.rank if parsed.rank is not None else file_rank
+        if rank is None:
+            rank = message_rank(text)
+        self._order += 1
+        hits = [(sig, m) for sig, m in self.taxonomy.match_line(text)]
+        exc = _EXC_LINE.match(text)
+        if rank is not None:
+            if parsed.pid is not None:
+                self.pids.setdefault(parsed.pid, rank)
+            for pm in _PID.finditer(text):
+                self.pids.setdefault(int(pm.group(1)), rank)
+        about = [(sig, m) for sig, m in hits if m.groupdict().get("rank") or m.groupdict().get("pid")]
+        for sig, m in about:  # a line ABOUT another process: a kernel OOM line, srun's "task 5: ..."
+            hit = Hit(sig, text, idx, offset, self._order)
+            if m.groupdict().get("rank"):
+                self.rank(int(m["rank"])).hits.append(hit)
+            else:
+                self.pid_hits.append((int(m["pid"]), hit))
+        hits = [(sig, m) for sig, m in hits if (sig, m) not in about]
+        if parsed.pid is not None and (nm := _NCCL_RANK.search(text)):
+            self.pids.setdefault(parsed.pid, int(nm.group(1)))
+        if rank is None:
+            for sig, _m in hits:
+                if sig.id != "python-exception":
+                    hit = Hit(sig, text, idx, offset, self._order)
+                    if parsed.pid is not None:
+                        self.pid_hits.append((parsed.pid, hit))
+                    else:
+                        self.unranked.append(hit)
+            return
+        log = self.rank(rank)
+        if parsed.host and log.node is None:
+            log.node = parsed.host
+        if parsed.time is not None and log.time is None and (hits or exc):
+            log.time = parsed.time
+        for sig, _m in hits:
+            if sig.id == "python-exception" and not exc:
+                continue
+            if len(log.hits) < MAX_HITS_PER_RANK:
+                log.hits.append(Hit(sig, text, idx, offset, self._order))
+        if exc and log.exception is None and not text.startswith(("Traceback", "raise ")):
+            log.exception = ExceptionRecord(type=exc["type"], message=exc["msg"] or "", traceback="", time=parsed.time)
+            log.exception_hit = Hit(self.taxonomy.get("python-exception"), text, idx, offset, self._order)
+
+    def _tail(self, path: Path, rank: int) -> None:
+        try:
+            with open(path, "rb") as fp:
+                fp.seek(0, os.SEEK_END)
+                size = fp.tell()
+                fp.seek(max(0, size - 64 * 1024))
+                data = fp.read()
+        except OSError:
+            return
+        lines = data.decode("utf-8", errors="replace").splitlines()
+        log = self.rank(rank)
+        for line in lines[-TAIL_LINES:]:
+            log.last_lines.append(parse_line(line).text[:2000])
+
+    def _add_report(self, path: Path) -> None:
+        """elastic_diag's own report.json (the run-level one): exit codes, nodes, stacks per rank."""
+        try:
+            data = json.loads(path.read_text(errors="replace"))
+        except (OSError, ValueError):
+            self.skipped.append(f"{path}: not valid JSON, skipped")
+            return
+        if not isinstance(data, dict) or data.get("schema") != "elastic_diag.report/1" or path.parent.name.startswith(
+            "attempt_"
+        ):
+            return
+        for entry in data.get("ranks") or []:
+            if not isinstance(entry, dict) or not isinstance(entry.get("rank"), int):
+                continue
+            log = self.rank(entry["rank"])
+            code = entry.get("exit_code")
+            log.exit_code = code if isinstance(code, int) else log.exit_code
+            log.node = entry.get("node") or log.node
+            log.stopped = entry.get("role") == "stopped"
+            if isinstance(entry.get("stack"), str):
+                log.stack = entry["stack"]
+            if entry.get("role") == "initiating" and entry.get("stack"):
+                log.stopped = True  # alive at the verdict, stopped by the launcher
+
+    def _add_error_json(self, path: Path) -> None:
+        rank = rank_from_path(path.parent / "stderr.log")
+        try:
+            data = json.loads(path.read_text(errors="replace"))
+        except (OSError, ValueError):
+            self.skipped.append(f"{path}: not valid JSON, skipped")
+            return
+        if rank is None or not isinstance(data, dict):
+            return
+        log = self.rank(rank)
+        if "type" in data:  # elastic_diag's exception.json
+            t = data.get("time")
+            log.exception = ExceptionRecord(type=str(data["type"]), message=str(data.get("message", "")),
+                                            traceback=str(data.get("traceback", ""))[:100_000],
+                                            time=float(t) if isinstance(t, int | float) else None)  # fmt: skip
+            return
+        msg = data.get("message")
+        if isinstance(msg, dict) and isinstance(msg.get("message"), str):
+            etype, _, text = msg["message"].partition(": ")
+            extra = msg.get("extraInfo") or {}
+            ts = extra.get("timestamp")
+            if log.exception is None or log.exception.time is None:
+                log.exception = ExceptionRecord(
+                    type=etype,
+                    message=text,
+                    traceback=str(extra.get("py_callstack", "")),
+                    time=float(ts) if isinstance(ts, str) and ts.isdigit() else None,
+                )
+
+    # --- attribution -----------------------------------------------------------------------------
+
+    def finish(self) -> Analysis:
+        failures = self.summary.finish()
+        root = next((f.rank for f in failures if f.root), None)
+        for f in failures:
+            if f.pid is not None and f.rank is not None:
+                self.pids.setdefault(f.pid, f.rank)
+        for pid, hit in self.pid_hits:
+            if pid in self.pids:
+                self.rank(self.pids[pid]).hits.append(hit)
+            else:
+                self.unranked.append(hit)
+        self._apply_summary(failures)
+        evidence = self._evidence()
+        if not self.ranks and self.unranked:
+            diagnosis = _unranked_diagnosis(self.unranked)
+        elif not any(r.failed for r in evidence.ranks) and not self.unranked:
+            diagnosis = Diagnosis(
+                failure_class="healthy",
+                summary="No rank reported an error in these logs.",
+                roles={r: "healthy" for r in self.ranks},
+            )
+        else:
+            diagnosis = classify_attempt(evidence, self.taxonomy, extra_votes=self._schedule_votes())
+        decisive = self._decisive(diagnosis)
+        context = self._context(decisive) if decisive else []
+        return Analysis(diagnosis=diagnosis, ranks=self.ranks, files=self.files, skipped=self.skipped,
+                        context=context, torchrun_root=root, decisive=decisive)  # fmt: skip
+
+    def _apply_summary(self, failures: list[SummaryFailure]) -> None:
+        for f in failures:
+            if f.rank is None:
+                continue
+            log = self.rank(f.rank)
+            log.exit_code = f.exit_code
+            log.pid = f.pid
+            if f.host and log.node is None:
+                log.node = f.host
+            if log.time is None:
+                log.time = f.time
+            if f.traceback and log.exception is None:
+                for line in reversed(f.traceback):
+                    m = _EXC_LINE.match(line.strip())
+                    if m:
+                        log.exception = ExceptionRecord(type=m["type"], message=m["msg"] or "",
+                                                        traceback="\n".join(f.traceback), time=f.time)  # fmt: skip
+                        break
+        for host, local, code in self.ds_exits:
+            ranks = self.ds_mapping.get(host or "", [])
+            if local < len(ranks):
+                log = self.rank(ranks[local])
+                log.node = log.node or host
+                if log.exit_code is None or code not in (0, 1):
+                    log.exit_code = code
+        sigtermed_unknown = self.sigtermed - set(self.pids)
+        if failures and not sigtermed_unknown:
+            listed = {f.rank for f in failures}
+            for log in self.ranks.values():
+                if log.rank not in listed and log.exit_code is None and not log.hits and log.exception is None:
+                    log.exit_code = 0  # torchrun lists every rank it did not see exit 0
+        if not failures:
+            # no summary: torch's "failed (exitcode: N) local_rank: R (pid: P)" lines (local rank = rank
+            # for a single node), the first failure torch saw on that node
+            for code, local, pid in self.failed_lines:
+                log = self.rank(local)
+                if log.exit_code is None:
+                    log.exit_code, log.pid = code, pid
+        self_failed = any(f.exit_code not in (-15, -9, None) for f in failures)
+        for f in failures:
+            if f.rank is not None and f.exit_code in (-15,) and self_failed:
+                self.rank(f.rank).stopped = True
+
+    def _evidence(self) -> AttemptEvidence:
+        ranks = []
+        for r in sorted(self.ranks.values(), key=lambda r: r.rank):
+            lines = [h.text for h in _distinct(r.hits)]
+            has_error = bool(r.hits) or r.exception is not None
+            own = r.exception is not None or any(h.signature.role_hint != "collateral" for h in r.hits)
+            stopped = r.stopped and not own  # SIGTERMed after its own failure: it was dying, not stopped
+            exit_code = r.exit_code
+            if exit_code is None and has_error:
+                sig_hit = next((h for h in r.hits if h.signature.signals), None)
+                exit_code = _exit_for(sig_hit.signature) if sig_hit else 1
+            ranks.append(
+                RankEvidence(
+                    rank=r.rank,
+                    local_rank=r.rank,
+                    node=r.node or "",
+                    pid=r.pid,
+                    exit_code=exit_code,
+                    exit_time=r.time if r.time is not None else _first_order(r),
+                    alive_at_decision=stopped,
+                    stopped_by_agent=stopped,
+                    exception=r.exception,
+                    stderr_tail=tuple(lines),
+                    stack=parse_stack_dump(r.stack) if r.stack else None,
+                )
+            )
+        return AttemptEvidence(attempt=0, ranks=tuple(ranks))
+
+    def _schedule_votes(self) -> list[tuple[int, Signature, str]]:
+        """Ranks whose timed-out collective differs from everyone else's at the same SeqNum."""
+        seen: dict[int, tuple[int, str]] = {}
+        for r in self.ranks.values():
+            for h in r.hits:
+                m = _WATCHDOG.search(h.text)
+                if m:
+                    seen.setdefault(r.rank, (int(m["seq"]), m["op"]))
+                    break
+        if len(seen) < 3:
+            return []
+        by_seq: dict[int, dict[str, list[int]]] = {}
+        for rank, (seq, op) in seen.items():
+            by_seq.setdefault(seq, {}).setdefault(op, []).append(rank)
+        votes = []
+        sig = self.taxonomy.get("nccl-desync-report")
+        for seq, ops in by_seq.items():
+            if len(ops) < 2:
+                continue
+            majority = max(ops, key=lambda o: len(ops[o]))
+            for op, ranks in ops.items():
+                if op != majority and len(ranks) < len(ops[majority]):
+                    for rank in ranks:
+                        line = (f"rank {rank} timed out in {op} #{seq} while ranks {sorted(ops[majority])} timed out "
+                                f"in {majority} #{seq}: the collective schedules diverged")  # fmt: skip
+                        votes.append((rank, sig, line))
+        return votes
+
+    def _decisive(self, diagnosis: Diagnosis) -> Hit | None:
+        r = diagnosis.initiating_rank
+        if r is None or r not in self.ranks:
+            return None
+        log = self.ranks[r]
+        wanted = diagnosis.signature_id
+        for h in log.hits:
+            if h.signature.id == wanted:
+                return h
+        return log.exception_hit or (log.hits[0] if log.hits else None)
+
+    def _context(self, hit: Hit) -> list[str]:
+        path = self.files[hit.source]
+        try:
+            with open(path, "rb") as fp:
+                start = max(0, hit.offset - 256 * 1024)
+                fp.seek(start)
+                data = fp.read(hit.offset - start + MAX_LINE)
+        except OSError:
+            return []
+        before = data[: hit.offset - start].decode("utf-8", errors="replace").splitlines()
+        if start > 0 and before:
+            before = before[1:]
+        line_end = data.find(b"\n", hit.offset - start)
+        decisive = data[hit.offset - start : line_end if line_end >= 0 else len(data)].decode("utf-8", "replace")
+        return [line[:2000] for line in before[-CONTEXT_LINES:]] + [decisive[:2000]]
+
+
+def _exit_for(sig: Signature) -> int:
+    import signal
+
+    return -int(getattr(signal, sig.signals[0], signal.SIGTERM))
+
+
+def _first_order(r: RankLog) -> float | None:
+    hits = ([r.exception_hit] if r.exception_hit else []) + r.hits
+    return float(min(h.order for h in hits)) if hits else None
+
+
+def _unranked_diagnosis(hits: list[Hit]) -> Diagnosis:
+    best = max(hits, key=lambda h: h.signature.priority)
+    sig = best.signature
+    return Diagnosis(
+        failure_class=sig.failure_class,
+        signature_id=sig.id,
+        summary=f"{sig.title}; no line names a rank, so the initiating rank cannot be told ({best.text[:200]}).",
+        evidence=(best.text,),
+        fix=sig.fix,
+        verify=sig.verify,
+        retryable=sig.retryable,
+    )
+
+
+def analyze_paths(paths: Iterable[str | Path], taxonomy: Taxonomy | None = None) -> Analysis:
+    analyzer = Analyzer(taxonomy)
+    analyzer.add_paths(paths)
+    return analyzer.finish()
+
+
+def format_analysis(a: Analysis) -> str:
+    d = a.diagnosis
+    out = []
+    who = f"rank {d.initiating_rank}" if d.initiating_rank is not None else "no rank can be named"
+    out.append(f"elastic-diag analyze: {d.failure_class}; initiating: {who}")
+    out.append(f"  {d.summary}")
+    if a.torchrun_root is not None and a.torchrun_root != d.initiating_rank:
+        out.append(f"  (torchrun's own summary named rank {a.torchrun_root} as root cause; that rank was only waiting)")
+    if d.evidence:
+        out.append("  decisive lines:")
+        out.extend(f"    {e}" for e in d.evidence)
+    roles: dict[str, list[int]] = {}
+    for r, role in sorted(d.roles.items()):
+        roles.setdefault(role, []).append(r)
+    if roles:
+        out.append("  roles: " + "; ".join(f"{k} {v}" for k, v in sorted(roles.items())))
+    if d.fix:
+        out.append("  fix: " + " ".join(d.fix.split()))
+    if d.verify:
+        out.append(f"  verify: {d.verify}")
+    if a.context:
+        out.append(f"  context ({len(a.context) - 1} lines before the decisive line):")
+        out.extend(f"    | {line}" for line in a.context[-12:])
+    out.append(f"  read {len(a.files)} file(s)" + (f"; skipped {len(a.skipped)}:" if a.skipped else ""))
+    out.extend(f"    {s}" for s in a.skipped[:20])
+    return "\n".join(out)

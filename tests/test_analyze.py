@@ -1,0 +1,193 @@
+"""Offline analysis: log formats, attribution on real runs' logs, bad input. No torch needed."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from elastic_diag.analyze import analyze_paths, format_analysis
+from elastic_diag.logs import SummaryParser, parse_line, rank_from_path
+
+FIXTURES = Path(__file__).parent / "fixtures"
+RUNS = FIXTURES / "runs"
+ROOT = Path(__file__).resolve().parents[1]
+
+
+# --- formats ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "line, rank, local, text",
+    [
+        ("[rank1]:[E1026 04:01:29.444000 139 ProcessGroupNCCL.cpp:616] [Rank 5] Watchdog caught x", 1, False,
+         "[Rank 5] Watchdog caught x"),
+        ("worker-1: [rank3]: RuntimeError: boom", 3, False, " RuntimeError: boom"),
+        ("[default2]:step 3 loss 1.0", 2, True, "step 3 loss 1.0"),
+        ("node-a:12345:12401 [2] NCCL WARN NET/IB : Got completion", None, False, "NCCL WARN NET/IB : Got completion"),
+        ("RuntimeError: CUDA error: boom", None, False, "RuntimeError: CUDA error: boom"),
+        ("[E ProcessGroupNCCL.cpp:737] [Rank 1] Watchdog caught", None, False, "[Rank 1] Watchdog caught"),
+    ],
+)  # fmt: skip
+def test_line_prefixes(line, rank, local, text):
+    p = parse_line(line)
+    assert (p.rank, p.local, p.text) == (rank, local, text)
+
+
+def test_nccl_device_is_not_a_rank_and_glog_time_is_kept():
+    p = parse_line("host-7:4242:4300 [6] NCCL WARN Call to ibv_create_qp failed")
+    assert p.rank is None and p.nccl_device == 6 and p.pid == 4242 and p.host == "host-7"
+    g = parse_line("[rank0]:[E1213 17:24:49.082246429 ProcessGroupNCCL.cpp:2573] text")
+    assert (g.rank, g.clock, g.pid) == (0, "1213 17:24:49.082246429", None)
+
+
+@pytest.mark.parametrize(
+    "path, rank",
+    [("run/attempt_0/rank_5/stderr.log", 5), ("logs/abc_x/attempt_1/3/stderr.log", 3), ("slurm-77_3.out", 3),
+     ("job.12.out", 12), ("out/rank_3.log", 3), ("trainer-pod-2.log", 2), ("train.log", None), ("x/rank3.txt", 3)],
+)  # fmt: skip
+def test_rank_from_path(path, rank):
+    assert rank_from_path(path) == rank
+
+
+def test_torchrun_summary_is_parsed():
+    sp = SummaryParser()
+    for line in (RUNS / "torchrun_console_cleanup_allreduce.log").read_text().splitlines():
+        sp.feed(parse_line(line).text)
+    failures = {f.rank: f for f in sp.finish()}
+    assert set(failures) == {0, 1, 2, 3}
+    assert failures[0].exit_code == -15 and failures[0].signal == "SIGTERM"
+    assert failures[2].root and failures[2].exit_code == 1 and failures[2].pid
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.text(max_size=300))
+def test_parse_line_never_raises(text):
+    p = parse_line(text)
+    assert isinstance(p.text, str) and len(p.text) <= len(text)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.text(max_size=120))
+def test_rank_from_path_never_raises(text):
+    r = rank_from_path(text)
+    assert r is None or r >= 0
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.binary(max_size=4000))
+def test_analyze_never_raises_on_arbitrary_bytes(tmp_path_factory, data):
+    d = tmp_path_factory.mktemp("fuzz")
+    (d / "rank_1.log").write_bytes(data)
+    (d / "console.log").write_bytes(b"[rank0]: " + data)
+    a = analyze_paths([d])
+    assert a.diagnosis.failure_class
+    json.dumps(a.to_json())
+
+
+# --- attribution on the logs of real runs -----------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "name, rank, cls",
+    [("diag_hang", 2, "hang"), ("diag_sigkill", 2, "killed"), ("diag_segfault", 2, "segfault"),
+     ("torchrun_console_cleanup_allreduce.log", 2, "python_exception")],
+)  # fmt: skip
+def test_real_runs(name, rank, cls):
+    a = analyze_paths([RUNS / name])
+    assert (a.diagnosis.initiating_rank, a.diagnosis.failure_class) == (rank, cls), format_analysis(a)
+
+
+def test_context_keeps_the_lines_before_the_decisive_one():
+    a = analyze_paths([RUNS / "torchrun_console_cleanup_allreduce.log"])
+    assert a.context[-1].endswith("ValueError: injected failure: bad batch at step 3")
+    assert any("Traceback (most recent call last)" in line for line in a.context)
+    assert len(a.context) <= 101
+
+
+def test_culprit_silent_while_every_other_rank_timed_out(tmp_path):
+    for r in (0, 1, 3):
+        (tmp_path / f"rank_{r}.log").write_text(
+            "step 10 loss 0.3\nRuntimeError: [../gloo/transport/tcp/unbound_buffer.cc:78] Timed out waiting 30000ms "
+            "for recv operation to complete\n"
+        )
+    (tmp_path / "rank_2.log").write_text("step 9 loss 0.31\nstep 10 loss 0.30\n")
+    a = analyze_paths([tmp_path])
+    assert (a.diagnosis.initiating_rank, a.diagnosis.failure_class) == (2, "hang")
+    assert a.diagnosis.roles == {0: "collateral", 1: "collateral", 2: "initiating", 3: "collateral"}
+
+
+def test_only_timeouts_names_nobody(tmp_path):
+    for r in range(3):
+        line = "RuntimeError: Timed out waiting 30000ms for recv operation to complete\n"
+        (tmp_path / f"rank_{r}.log").write_text(line)
+    a = analyze_paths([tmp_path])
+    assert a.diagnosis.initiating_rank is None and a.diagnosis.failure_class == "collective_timeout"
+
+
+# --- bad input ---------------------------------------------------------------------------------------
+
+
+def test_bad_input_is_skipped_and_reported(tmp_path):
+    (tmp_path / "empty.log").write_text("")
+    (tmp_path / "core.bin").write_bytes(bytes(range(256)) * 64)
+    (tmp_path / "latin1_rank_1.log").write_bytes(b"caf\xe9 \xff\xfe\nValueError: caf\xe9 broke\n")
+    (tmp_path / "rank_2.log").write_bytes(b"x" * (10 << 20) + b"\nstep 1\n")  # a single 10 MB line
+    (tmp_path / "truncated_rank_3.log").write_bytes(b"RuntimeError: Connection closed by peer [10.0.0.1]:29")
+    loop = tmp_path / "loop"
+    loop.mkdir()
+    os.symlink(loop, loop / "again")
+    a = analyze_paths([tmp_path, tmp_path / "missing.log"])
+    assert any("binary" in s for s in a.skipped)
+    assert any("missing.log" in s for s in a.skipped)
+    assert (a.diagnosis.initiating_rank, a.diagnosis.exception_type) == (1, "ValueError")
+    assert a.ranks[3].hits  # the truncated last line still counts
+
+
+def test_ten_thousand_files(tmp_path):
+    for i in range(10_000):
+        (tmp_path / f"rank_{i}.log").write_text("step 1 ok\n")
+    (tmp_path / "rank_7777.log").write_text("step 1\nFatal Python error: Segmentation fault\n")
+    a = analyze_paths([tmp_path])
+    assert (a.diagnosis.initiating_rank, a.diagnosis.failure_class) == (7777, "segfault")
+
+
+def test_cli_json_and_missing_path(tmp_path):
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    p = subprocess.run([sys.executable, "-m", "elastic_diag.cli", "analyze", "--json", str(RUNS / "diag_hang")],
+                       capture_output=True, text=True, timeout=60, env=env)  # fmt: skip
+    assert p.returncode == 0, p.stderr
+    out = json.loads(p.stdout)
+    assert out["schema"] == "elastic_diag.analysis/1"
+    assert out["diagnosis"]["initiating_rank"] == 2 and {r["rank"] for r in out["ranks"]} == {0, 1, 2, 3}
+    p = subprocess.run([sys.executable, "-m", "elastic_diag.cli", "analyze", str(tmp_path / "nope")],
+                       capture_output=True, text=True, timeout=60, env=env)  # fmt: skip
+    assert p.returncode == 2 and "no such file" in p.stderr
+
+
+def test_analyzer_does_not_import_torch():
+    code = ("import sys, elastic_diag.analyze, elastic_diag.cli, elastic_diag.classify, elastic_diag.taxonomy; "
+            "from elastic_diag.cli import main; main(['signatures']); print('torch' in sys.modules)")  # fmt: skip
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert p.stdout.strip().splitlines()[-1] == "False", p.stderr
+
+
+# --- fixtures rewritten from public reports (tests/fixtures/logs/*/expected.json) ----------------------
+
+LOG_FIXTURES = sorted((FIXTURES / "logs").glob("*/expected.json"))
+
+
+@pytest.mark.parametrize("expected_file", LOG_FIXTURES, ids=[p.parent.name for p in LOG_FIXTURES])
+def test_public_report_fixtures(expected_file):
+    expected = json.loads(expected_file.read_text())
+    a = analyze_paths([expected_file.parent])
+    got = (a.diagnosis.initiating_rank, a.diagnosis.failure_class)
+    assert got == (expected["initiating_rank"], expected["failure_class"]), (
+        f"{expected_file.parent.name}: {expected.get('why')}\n{format_analysis(a)}"
+    )
