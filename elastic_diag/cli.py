@@ -42,7 +42,16 @@ def explain_text(sid: str) -> str:
 
 
 def _cmd_signatures(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
     from elastic_diag.taxonomy import load_taxonomy
+
+    if args.write_docs:
+        from elastic_diag.signature_docs import write_docs
+
+        names = write_docs(Path(args.write_docs))
+        print(f"wrote {len(names)} pages to {args.write_docs}")
+        return EXIT_OK
 
     for sig in sorted(load_taxonomy(), key=lambda s: (s.failure_class, s.id)):
         print(f"{sig.id:32} {sig.failure_class:20} {sig.role_hint:11} {sig.title}")
@@ -80,7 +89,9 @@ def get_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="elastic-diag", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("run", help="torchrun with diagnosis (same as torchrun-diag)", add_help=False)
-    sub.add_parser("signatures", help="list the failure signatures").set_defaults(func=_cmd_signatures)
+    signatures = sub.add_parser("signatures", help="list the failure signatures")
+    signatures.add_argument("--write-docs", metavar="DIR", help="write the reference pages (docs/signatures)")
+    signatures.set_defaults(func=_cmd_signatures)
     analyze = sub.add_parser("analyze", help="diagnose a failed job from its log files, locally")
     analyze.add_argument("paths", nargs="+", help="log files, torchrun log dirs, elastic_diag diag dirs")
     analyze.add_argument("--json", action="store_true", help="print one JSON object (elastic_diag.analysis/1)")

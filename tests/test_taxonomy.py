@@ -61,3 +61,18 @@ def test_nccl_watchdog_fields_are_parsed():
 def test_malformed_data_is_named(text, message):
     with pytest.raises(TaxonomyError, match=message):
         parse_signatures(text, "bad.toml")
+
+
+def test_signature_docs_are_not_stale():
+    """docs/signatures/ is generated from the data: regenerate with
+    `elastic-diag signatures --write-docs docs/signatures` after editing a TOML file."""
+    from pathlib import Path
+
+    from elastic_diag.signature_docs import expected_pages
+
+    folder = Path(__file__).resolve().parents[1] / "docs" / "signatures"
+    pages = expected_pages()
+    on_disk = {p.name: p.read_text(encoding="utf-8") for p in folder.glob("*.md")}
+    assert set(on_disk) == set(pages), "pages added or removed: regenerate docs/signatures"
+    stale = [name for name, text in pages.items() if on_disk[name] != text]
+    assert not stale, f"stale pages: {stale}; regenerate docs/signatures"
