@@ -76,3 +76,13 @@ def test_signature_docs_are_not_stale():
     assert set(on_disk) == set(pages), "pages added or removed: regenerate docs/signatures"
     stale = [name for name, text in pages.items() if on_disk[name] != text]
     assert not stale, f"stale pages: {stale}; regenerate docs/signatures"
+
+
+def test_every_signature_line_passes_the_analyzers_prefilter():
+    """The offline analyzer looks only at lines holding one of its ANCHORS (for speed): every example
+    line of every signature must hold one, or `elastic-diag analyze` would never see it."""
+    from elastic_diag.analyze import ANCHORS
+
+    for sig in TAX:
+        for line in sig.examples:
+            assert any(a.decode() in line for a in ANCHORS), f"{sig.id}: no anchor in {line!r}"
