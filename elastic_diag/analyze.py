@@ -1,7 +1,8 @@
 """``elastic-diag analyze``: the classifier over log files a user already has. No torch, no upload.
 
-Streaming: each file is read in chunks; a prefilter of a few anchor words (C-level bytes.find, the
-generic error words) finds the few candidate lines in C, and only those are parsed in Python. The
+Streaming: each file is read in chunks; a prefilter of a few anchor words finds the few candidate
+lines in C (the system's ``grep -F`` for per-rank files when there is one, else ``bytes.find``
+passes), and only those lines are parsed in Python. The
 rank of a line comes from its prefix (``[rank3]:``), else from its file's path. Per rank the
 earliest distinct errors are kept, plus the last lines of the files that belong to it; torchrun's
 failure summary adds exit codes, signals and pids. The same :func:`classify_attempt` as the live
@@ -13,6 +14,8 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
+import subprocess
 from collections import deque
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
@@ -34,6 +37,7 @@ from elastic_diag.logs import (
 from elastic_diag.taxonomy import Signature, Taxonomy, load_taxonomy
 
 SCHEMA = "elastic_diag.analysis/1"
+ENV_NO_GREP = "ELASTIC_DIAG_NO_GREP"  # "1": never use the system grep as the prefilter
 CHUNK = 4 << 20
 MAX_LINE = 64 * 1024  # longer lines are cut before matching
 MAX_HITS_PER_RANK = 64
@@ -197,8 +201,9 @@ def _is_binary(head: bytes) -> bool:
 class Analyzer:
     def __init__(self, taxonomy: Taxonomy | None = None) -> None:
         self.taxonomy = taxonomy or load_taxonomy()
-        self.anchors = ANCHORS
+        self.anchors: tuple[bytes, ...] = ANCHORS
         self.mapping_only = False
+        self.use_grep = os.environ.get(ENV_NO_GREP, "") in ("", "0") and shutil.which("grep") is not None
         self.ranks: dict[int, RankLog] = {}
         self.summary = SummaryParser()
         self.failed_lines: list[tuple[int, int, int]] = []
@@ -218,13 +223,66 @@ class Analyzer:
         return self.ranks[r]
 
     def add_paths(self, paths: Iterable[str | Path]) -> None:
-        for f in iter_files(paths, self.skipped):
+        files = list(iter_files(paths, self.skipped))
+        done = self._grep_scan(files) if self.use_grep else set()
+        for f in files:
+            if f in done:
+                continue
             try:
                 self.add_file(f)
             except OSError as e:
                 self.skipped.append(f"{f}: {e.strerror or e}")
         if self.pid_hits or self.ds_exits:
             self._mapping_pass()
+
+    def _grep_scan(self, files: list[Path]) -> set[Path]:
+        """The per-rank text files, prefiltered by the system's grep (C, several times faster than
+        bytes.find passes); returns the files handled. Anything grep cannot do is left to Python."""
+        eligible = []
+        for f in files:
+            if f.name.endswith((".json", ".pkl", ".pickle", ".tmp")) or rank_from_path(f) is None:
+                continue
+            try:
+                with open(f, "rb") as fp:
+                    if _is_binary(fp.read(8192)):
+                        continue
+            except OSError:
+                continue
+            eligible.append(f)
+        done: set[Path] = set()
+        patterns = [arg for a in (*ANCHORS, b"ChildFailedError") for arg in ("-e", a.decode())]
+        for i in range(0, len(eligible), 256):
+            batch = eligible[i : i + 256]
+            try:
+                out = subprocess.run(
+                    ["grep", "-a", "-b", "-H", "-Z", "-F", *patterns, "--", *map(str, batch)],
+                    capture_output=True, timeout=600, check=False,
+                ).stdout  # fmt: skip
+            except (OSError, subprocess.SubprocessError):
+                return done
+            hits: dict[str, list[tuple[int, bytes]]] = {}
+            for record in out.split(b"\n"):
+                name, sep, rest = record.partition(b"\0")
+                offset, sep2, line = rest.partition(b":")
+                if sep and sep2 and offset.isdigit():
+                    hits.setdefault(os.fsdecode(name), []).append((int(offset), line))
+            for f in batch:
+                lines = hits.get(str(f), [])
+                if any(b"ChildFailedError" in line for _, line in lines):
+                    continue  # torchrun's summary needs every line after it: the Python path
+                idx = len(self.files)
+                self.files.append(str(f))
+                file_rank = rank_from_path(f)
+                if file_rank is None:
+                    continue
+                if f.stat().st_size:
+                    self.rank(file_rank).lines += 1
+                for offset, line in lines:
+                    if any(a in line for a in ANCHORS):
+                        self._line(line[:MAX_LINE].decode("utf-8", errors="replace"), offset, idx, file_rank)
+                self._tail(f, file_rank)
+                done.add(f)
+        return done
 
     def _mapping_pass(self) -> None:
         """Second pass over the text files, for the lines that map pids / local ranks to ranks."""

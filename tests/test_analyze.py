@@ -191,3 +191,14 @@ def test_public_report_fixtures(expected_file):
     assert got == (expected["initiating_rank"], expected["failure_class"]), (
         f"{expected_file.parent.name}: {expected.get('why')}\n{format_analysis(a)}"
     )
+
+
+def test_grep_prefilter_and_pure_python_agree(monkeypatch):
+    """The system grep is only a faster prefilter: with it and without it, the same analysis."""
+    sets = [p.parent for p in LOG_FIXTURES] + [RUNS / "diag_hang", RUNS / "diag_segfault"]
+    with_grep = [analyze_paths([s]).to_json() for s in sets]
+    monkeypatch.setenv("ELASTIC_DIAG_NO_GREP", "1")
+    without = [analyze_paths([s]).to_json() for s in sets]
+    for s, a, b in zip(sets, with_grep, without, strict=True):
+        for key in ("diagnosis", "ranks", "context", "torchrun_root_cause_rank"):
+            assert a[key] == b[key], (s.name, key)
