@@ -263,9 +263,9 @@ class Analyzer:
             hits: dict[str, list[tuple[int, bytes]]] = {}
             for record in out.split(b"\n"):
                 name, sep, rest = record.partition(b"\0")
-                offset, sep2, line = rest.partition(b":")
-                if sep and sep2 and offset.isdigit():
-                    hits.setdefault(os.fsdecode(name), []).append((int(offset), line))
+                where, sep2, line = rest.partition(b":")
+                if sep and sep2 and where.isdigit():
+                    hits.setdefault(os.fsdecode(name), []).append((int(where), line))
             for f in batch:
                 lines = hits.get(str(f), [])
                 if any(b"ChildFailedError" in line for _, line in lines):
