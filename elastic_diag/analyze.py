@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from elastic_diag.classify import Diagnosis, classify_attempt
-from elastic_diag.evidence import AttemptEvidence, ExceptionRecord, RankEvidence, parse_stack_dump
+from elastic_diag.evidence import AttemptEvidence, ExceptionRecord, RankEvidence, parse_stack_dump, signal_name
 from elastic_diag.logs import (
     SummaryFailure,
     SummaryParser,
@@ -61,7 +61,6 @@ _CLOSING = re.compile(r"Sending process (\d+) closing signal")
 _NCCL_RANK = re.compile(r"NCCL INFO .*?\brank (\d+) n[Rr]anks \d+")
 _WATCHDOG = re.compile(r"WorkNCCL\(SeqNum=(?P<seq>\d+), OpType=(?P<op>\w+)")
 _PID = re.compile(r"\bpid[=: ]\s?(\d{2,})\b")
-_TB_FILE = re.compile(r'^\s*File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<func>\S+)')
 
 
 @dataclass(slots=True)
@@ -110,7 +109,7 @@ class Analysis:
                     "node": r.node,
                     "role": roles.get(r.rank, "unknown"),
                     "exit_code": r.exit_code,
-                    "signal": _signal_name(r.exit_code),
+                    "signal": signal_name(r.exit_code),
                     "first_error_time": r.time,
                     "last_lines": list(r.last_lines),
                     "stack": None,
@@ -123,12 +122,6 @@ class Analysis:
             "files": self.files,
             "skipped": self.skipped,
         }
-
-
-def _signal_name(code: int | None) -> str | None:
-    from elastic_diag.evidence import signal_name
-
-    return signal_name(code)
 
 
 def _distinct(hits: list[Hit]) -> list[Hit]:

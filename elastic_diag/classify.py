@@ -165,6 +165,28 @@ def examine_rank(ev: RankEvidence, taxonomy: Taxonomy, decided_at: float | None 
     )
 
 
+def _unattributed(
+    sig: Signature | None,
+    failure_class: str,
+    summary: str,
+    evidence: tuple[str, ...],
+    roles: dict[int, str],
+    collateral_ranks: tuple[int, ...] = (),
+) -> Diagnosis:
+    """A verdict that names no initiating rank, with the signature's fix and verification."""
+    return Diagnosis(
+        failure_class=failure_class,
+        signature_id=sig.id if sig else None,
+        summary=summary,
+        evidence=evidence[:MAX_EVIDENCE_LINES],
+        fix=sig.fix if sig else None,
+        verify=sig.verify if sig else None,
+        collateral_ranks=collateral_ranks,
+        roles=roles,
+        retryable=sig.retryable if sig else None,
+    )
+
+
 def _fmt_ranks(ranks: list[int]) -> str:
     return ", ".join(str(r) for r in ranks) if ranks else "none"
 
@@ -255,46 +277,29 @@ def classify_attempt(
             "rank that failed first (no rank failed differently, and none was seen alive outside a "
             "collective); the cause may be on a rank or node whose evidence is missing."
         )
-        return Diagnosis(
-            failure_class=cls,
-            signature_id=no_sig.id if no_sig else None,
-            summary=summary,
-            evidence=tuple(line for f in collateral[:2] for line in f.lines)[:MAX_EVIDENCE_LINES],
-            fix=no_sig.fix if no_sig else None,
-            verify=no_sig.verify if no_sig else None,
-            collateral_ranks=tuple(collateral_ranks),
-            roles=roles,
-            retryable=no_sig.retryable if no_sig else None,
-        )
+        waiting = tuple(line for f in collateral[:2] for line in f.lines)
+        return _unattributed(no_sig, cls, summary, waiting, roles, tuple(collateral_ranks))
 
     if initiating.failure_class == "rendezvous_timeout" and initiating.state == "failed":
-        rz_sig = initiating.signature
-        return Diagnosis(
-            failure_class="rendezvous_timeout",
-            signature_id=rz_sig.id if rz_sig else None,
-            summary="The rendezvous did not complete: ranks are assigned only after it does, so no rank can be "
-            "named; the missing node(s) are the cause.",
-            evidence=initiating.lines[:MAX_EVIDENCE_LINES],
-            fix=rz_sig.fix if rz_sig else None,
-            verify=rz_sig.verify if rz_sig else None,
-            roles={r: "unknown" for r in findings},
-            retryable=rz_sig.retryable if rz_sig else None,
+        return _unattributed(
+            initiating.signature,
+            "rendezvous_timeout",
+            "The rendezvous did not complete: ranks are assigned only after it does, so no rank can be named; "
+            "the missing node(s) are the cause.",
+            initiating.lines,
+            {r: "unknown" for r in findings},
         )
     together = [f for f in primary[1:] if f.signature is initiating.signature and initiating.failure_class == "nan_inf"
                 and (f.time is None or initiating.time is None or abs(f.time - initiating.time) < 30.0)]  # fmt: skip
     if together:
-        nan_sig = initiating.signature
-        return Diagnosis(
-            failure_class="nan_inf",
-            signature_id=nan_sig.id if nan_sig else None,
-            summary=f"Ranks {_fmt_ranks(sorted([initiating.rank] + [f.rank for f in together]))} became non-finite "
+        return _unattributed(
+            initiating.signature,
+            "nan_inf",
+            f"Ranks {_fmt_ranks(sorted([initiating.rank] + [f.rank for f in together]))} became non-finite "
             "together (the check is all-reduced); these logs do not show whose LOCAL loss or gradients went "
             "non-finite first. Log each rank's local loss before the all_reduce to name it.",
-            evidence=initiating.lines[:MAX_EVIDENCE_LINES],
-            fix=nan_sig.fix if nan_sig else None,
-            verify=nan_sig.verify if nan_sig else None,
-            roles={r: "unknown" for r in findings},
-            retryable=nan_sig.retryable if nan_sig else None,
+            initiating.lines,
+            {r: "unknown" for r in findings},
         )
     ev = by_rank[initiating.rank]
     sig: Signature | None

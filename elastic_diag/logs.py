@@ -19,10 +19,11 @@ from __future__ import annotations
 
 import contextlib
 import re
-import signal as _signal
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import PurePath
+
+from elastic_diag.evidence import signal_name
 
 _HOST = re.compile(r"^(?P<host>[a-z0-9][a-z0-9.-]*\d[a-z0-9.-]*): ")
 _RANK = re.compile(r"^\[(?P<kind>rank|default|[A-Za-z_]+?)(?P<rank>\d+)\]:")
@@ -158,12 +159,7 @@ class SummaryFailure:
 
     @property
     def signal(self) -> str | None:
-        if self.exit_code is None or self.exit_code >= 0:
-            return None
-        try:
-            return _signal.Signals(-self.exit_code).name
-        except ValueError:
-            return None
+        return signal_name(self.exit_code)
 
 
 class SummaryParser:
