@@ -690,8 +690,11 @@ def analyze_paths(paths: Iterable[str | Path], taxonomy: Taxonomy | None = None)
 def format_analysis(a: Analysis) -> str:
     d = a.diagnosis
     out = []
-    who = f"rank {d.initiating_rank}" if d.initiating_rank is not None else "no rank can be named"
-    out.append(f"elastic-diag analyze: {d.failure_class}; initiating: {who}")
+    if d.failure_class == "healthy":
+        out.append("elastic-diag analyze: healthy, no rank reported an error")
+    else:
+        who = f"rank {d.initiating_rank}" if d.initiating_rank is not None else "no rank can be named"
+        out.append(f"elastic-diag analyze: {d.failure_class}; initiating: {who}")
     out.append(f"  {d.summary}")
     if a.torchrun_root is not None and a.torchrun_root != d.initiating_rank:
         out.append(f"  (torchrun's own summary named rank {a.torchrun_root} as root cause; that rank was only waiting)")

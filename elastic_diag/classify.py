@@ -319,7 +319,11 @@ def classify_attempt(
         sig = tax.get("hang-outside-collective")
         cls = sig.failure_class
         frame = ev.stack.user_frame() if ev.stack else None
-        lines = [f"rank {ev.rank} alive, main thread at {frame}" if frame else f"rank {ev.rank} alive, no stack"]
+        lines = [
+            f"rank {ev.rank} alive, main thread at {frame}"
+            if frame
+            else f"rank {ev.rank} reported no error of its own while its peers timed out (no stack was taken)"
+        ]
     for f in collateral[:2]:
         lines.extend(f"rank {f.rank}: {line}" for line in f.lines[:1])
 
@@ -334,12 +338,14 @@ def classify_attempt(
     }.get(cls, f"failed ({sig.title if sig else cls})")
     if naming is not None:
         what = f"is named by its peers: {sig.title if sig else cls}"
+    elif cls == "hang" and ev.stack is None:
+        what = "never reached the collective its peers waited in (it reported no error of its own)"
     loc = ev.exception.location() if ev.exception and cls in ("python_exception", "host_oom") else None
     if cls == "hang" and ev.stack is not None and ev.stack.user_frame() is not None:
         loc = str(ev.stack.user_frame())
     where = f" on {ev.node}" if ev.node else ""
     summary = f"Rank {ev.rank}{where} {what}" + (f" at {loc}" if loc else "")
-    summary += ", while its peers waited." if cls == "hang" else "."
+    summary += ", while its peers waited." if cls == "hang" and ev.stack is not None else "."
     if collateral_ranks:
         summary += f" Ranks {_fmt_ranks(collateral_ranks)} then failed waiting for it."
     stopped = sorted(r for r, role in roles.items() if role == "stopped")

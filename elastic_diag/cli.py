@@ -114,6 +114,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ElasticDiagError as e:
         print(f"elastic-diag: error: {e}", file=sys.stderr)
         return EXIT_USAGE
+    except BrokenPipeError:  # the reader went away (`| head`): not an error of ours
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_OK
 
 
 def _entry() -> None:
