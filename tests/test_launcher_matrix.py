@@ -92,10 +92,11 @@ def _torchrun_root_cause(stderr: str) -> int:
     return int(m.group(1))
 
 
-# The culprit's cleanup outlasts the collective timeout, so its waiting peers fail first.
+# The culprit's cleanup (14 s) outlasts the collective timeout (8 s), so its waiting peers fail first;
+# a grace of 10 s lets it finish and raise within our capture (margins of 3 s or more both ways).
 COMPARED = {
-    "exception-after-cleanup": (["--cleanup-seconds", "11"], "python_exception"),
-    "hang": ([], "hang"),
+    "exception-after-cleanup": (["--cleanup-seconds", "14"], ["--diag-grace", "10"], "python_exception"),
+    "hang": ([], [], "hang"),
 }
 
 
@@ -106,13 +107,13 @@ def test_plain_torchrun_blames_a_waiting_rank_where_we_do_not(tmp_path, inject):
     The plain run goes through ``torchrun-diag --no-diag`` for one case and ``torchrun`` itself for
     the other, so --no-diag is shown to be plain torchrun too.
     """
-    extra, cls = COMPARED[inject]
+    extra, diag_flags, cls = COMPARED[inject]
     plain_cmd = plain_torchrun if inject == "hang" else (lambda *a: torchrun_diag("--no-diag", *a))
     plain = launch(plain_cmd(*COMMON, *script_args(inject), *extra), tmp_path / "plain")
     assert plain.returncode == 1
     torchrun_says = _torchrun_root_cause(plain.stderr)
-    diag = launch(torchrun_diag(*COMMON, "--diag-dir", str(tmp_path / "diag"), *script_args(inject), *extra),
-                  tmp_path / "diag")  # fmt: skip
+    diag_argv = torchrun_diag(*COMMON, *diag_flags, "--diag-dir", str(tmp_path / "diag"), *script_args(inject), *extra)
+    diag = launch(diag_argv, tmp_path / "diag")
     assert torchrun_says != CULPRIT, f"plain torchrun named the culprit {CULPRIT} this time"
     d = diag.report["diagnosis"]
     assert (d["initiating_rank"], d["failure_class"]) == (CULPRIT, cls), d
