@@ -6,6 +6,7 @@ right initiating rank and class, with the culprit's last stderr lines in it.
 
 from __future__ import annotations
 
+import os
 import re
 
 import pytest
@@ -170,3 +171,32 @@ def test_unusable_evidence_folder_degrades_to_plain_torchrun(tmp_path):
     d = report["diagnosis"]
     assert (d["initiating_rank"], d["failure_class"]) == (1, "silent_exit")
     assert "elastic_diag internal error" in run.stderr
+
+
+def _agent_max_rss_kb(tmp_path, name: str, flood_mb: int) -> tuple[int, dict]:
+    """Peak RSS of the launcher (GNU time's %M; the workers are small bash processes)."""
+    worker = tmp_path / f"{name}.sh"
+    flood = f'yes "$(printf "x%.0s" $(seq 200))" | head -c {flood_mb}M >&2; echo >&2; ' if flood_mb else ""
+    worker.write_text(f'#!/bin/bash\nif [ "$RANK" = 1 ]; then {flood}echo "rank 1 gives up" >&2; exit 7; fi\n'
+                      "exec sleep 60\n")  # fmt: skip
+    worker.chmod(0o755)
+    diag = tmp_path / name
+    rss_file = tmp_path / f"{name}.rss"
+    argv = ["/usr/bin/time", "-f", "%M", "-o", str(rss_file),
+            *torchrun_diag("--standalone", "--nproc-per-node", "2", "--local-ranks-filter", "0", "--no-python",
+                           "--diag-grace", "1", "--diag-stack-timeout", "0.5", "--diag-dir", str(diag), str(worker))]
+    run = launch(argv, diag, timeout=120)  # fmt: skip
+    assert run.returncode == 1, run.stderr[-2000:]
+    return int(rss_file.read_text().split()[-1]), run.report
+
+
+@pytest.mark.skipif(not os.path.exists("/usr/bin/time"), reason="needs GNU time for the peak RSS")
+def test_a_worker_flooding_stderr_does_not_grow_the_agent(tmp_path):
+    quiet_kb, _ = _agent_max_rss_kb(tmp_path, "quiet", 0)
+    flood_kb, report = _agent_max_rss_kb(tmp_path, "flood", 512)
+    assert (tmp_path / "flood" / "attempt_0" / "rank_1" / "stderr.log").stat().st_size > 500 << 20
+    culprit = next(r for r in report["ranks"] if r["rank"] == 1)
+    assert report["diagnosis"]["initiating_rank"] == 1
+    assert culprit["last_lines"][-1] == "rank 1 gives up" and len(culprit["last_lines"]) <= 20
+    print(f"agent peak RSS: quiet {quiet_kb} KiB, with a 512 MiB stderr flood {flood_kb} KiB")
+    assert flood_kb - quiet_kb < 40_000, (quiet_kb, flood_kb)  # KiB: 512 MiB of stderr, < 40 MiB more
