@@ -13,6 +13,7 @@ import argparse
 import ctypes
 import os
 import signal
+import sys
 import time
 import traceback
 from datetime import timedelta
@@ -56,6 +57,8 @@ def load_batch(step: int, rank: int) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def inject(kind: str, args: argparse.Namespace) -> None:
+    # A last word on stderr, as a real job's log would have before it dies (kept even after SIGKILL).
+    print(f"rank {os.environ.get('RANK')}: step {args.at_step}: injecting {kind}", file=sys.stderr, flush=True)
     if args.mark_file:
         with open(args.mark_file, "w") as fp:
             fp.write(repr(time.time()))

@@ -27,8 +27,8 @@ CASES = [
     ("exception", "python_exception", "ValueError", "ValueError: injected failure"),
     ("exception-after-cleanup", "python_exception", "ValueError", "ValueError: injected failure"),
     ("segfault", "segfault", None, "Fatal Python error: Segmentation fault"),
-    ("sigkill", "killed", None, None),
-    ("exit", "silent_exit", None, None),
+    ("sigkill", "killed", None, "rank 2: step 3: injecting sigkill"),
+    ("exit", "silent_exit", None, "rank 2: step 3: injecting exit"),
     ("memoryerror", "host_oom", "MemoryError", "MemoryError"),
     ("hang", "hang", None, None),
 ]
