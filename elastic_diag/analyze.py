@@ -56,7 +56,9 @@ _EXC_LINE = re.compile(
     r"^(?P<type>(?:[A-Za-z_][\w]*\.)*[A-Z]\w*(?:Error|Exception|Interrupt|Exit))(?::\s?(?P<msg>.*))?$"
 )
 _CONTROL_BYTES = bytes(b for b in range(32) if b not in (9, 10, 13, 27)) + b"\x7f"
-_RANK_PREFIX = re.compile(rb"^(?:[a-z0-9][a-z0-9.-]*\d[a-z0-9.-]*: )?\[(?:rank|default)(\d+)\]:", re.M)
+_RANK_PREFIX = re.compile(rb"^(?:([a-z0-9][a-z0-9.-]*\d[a-z0-9.-]*): )?\[(rank|default)(\d+)\]:", re.M)
+_BOTH_PREFIXES = re.compile(rb"^(?:([a-z0-9][a-z0-9.-]*\d[a-z0-9.-]*): )?\[default(\d+)\]:\[rank(\d+)\]:", re.M)
+_SUMMARY_RANK = re.compile(rb"rank\s+: (\d+) \(local_rank: (\d+)\)")
 _CLOSING = re.compile(r"Sending process (\d+) closing signal")
 _NCCL_RANK = re.compile(r"NCCL INFO .*?\brank (\d+) n[Rr]anks \d+")
 _WATCHDOG = re.compile(r"WorkNCCL\(SeqNum=(?P<seq>\d+), OpType=(?P<op>\w+)")
@@ -195,6 +197,7 @@ class Analyzer:
     def __init__(self, taxonomy: Taxonomy | None = None) -> None:
         self.taxonomy = taxonomy or load_taxonomy()
         self.anchors: tuple[bytes, ...] = ANCHORS
+        self._local_offsets: dict[str | None, int] = {}
         self.mapping_only = False
         self.use_grep = os.environ.get(ENV_NO_GREP, "") in ("", "0") and shutil.which("grep") is not None
         self.ranks: dict[int, RankLog] = {}
@@ -283,7 +286,11 @@ class Analyzer:
         try:
             for idx, name in enumerate(self.files):
                 with open(name, "rb") as fp:
-                    self._scan(fp, idx, rank_from_path(name))
+                    file_rank = rank_from_path(name)
+                    head = fp.read(8192)
+                    self._local_offsets = self._learn_local_offsets(fp, head) if file_rank is None else {}
+                    fp.seek(0)
+                    self._scan(fp, idx, file_rank)
         except OSError as e:
             self.skipped.append(f"second pass: {e.strerror or e}")
         finally:
@@ -307,9 +314,38 @@ class Analyzer:
             idx = len(self.files)
             self.files.append(str(path))
             file_rank = rank_from_path(path)
+            self._local_offsets = self._learn_local_offsets(fp, head) if file_rank is None else {}
+            fp.seek(0)
             self._scan(fp, idx, file_rank)
         if file_rank is not None:
             self._tail(path, file_rank)
+
+    def _learn_local_offsets(self, fp: Any, head: bytes) -> dict[str | None, int]:
+        """torchrun's ``[defaultN]:`` is a LOCAL rank: per host prefix (None: none), global - local,
+        learnt from lines that carry both ``[defaultL]:`` and ``[rankG]:``, or torchrun's summary
+        (``rank : 10 (local_rank: 2)``). Only for files that have such prefixes at all."""
+        if b"[default" not in head:
+            return {}
+        found: dict[str | None, set[int]] = {}
+        fp.seek(0)
+        carry = b""
+        while block := fp.read(CHUNK):
+            data = carry + block
+            cut = data.rfind(b"\n") + 1
+            chunk, carry = data[:cut], data[cut:]
+            for m in _BOTH_PREFIXES.finditer(chunk):
+                host = m.group(1).decode(errors="replace") if m.group(1) else None
+                found.setdefault(host, set()).add(int(m.group(3)) - int(m.group(2)))
+            for m in _SUMMARY_RANK.finditer(chunk):
+                found.setdefault(None, set()).add(int(m.group(1)) - int(m.group(2)))
+        # an offset is used only when it is the only one seen for that host
+        return {host: next(iter(v)) for host, v in found.items() if len(v) == 1}
+
+    def _global_rank(self, parsed: Any) -> int | None:
+        if parsed.rank is None or not parsed.local:
+            return parsed.rank  # type: ignore[no-any-return]
+        offset = self._local_offsets.get(parsed.host, self._local_offsets.get(None, 0))
+        return int(parsed.rank) + offset
 
     def _scan(self, fp: Any, idx: int, file_rank: int | None) -> None:
         carry = b""
@@ -339,7 +375,10 @@ class Analyzer:
             return
         if file_rank is None:
             for m in _RANK_PREFIX.finditer(chunk):
-                self.rank(int(m.group(1))).lines += 1
+                host = m.group(1).decode(errors="replace") if m.group(1) else None
+                local = m.group(2) == b"default"
+                offset = self._local_offsets.get(host, self._local_offsets.get(None, 0)) if local else 0
+                self.rank(int(m.group(3)) + offset).lines += 1
         elif chunk:
             self.rank(file_rank).lines += 1  # "printed something" is all that is used
         summary_at = chunk.find(b"ChildFailedError") if not self.summary.active else 0
@@ -354,7 +393,8 @@ class Analyzer:
     def _map_line(self, raw: bytes, file_rank: int | None) -> None:
         parsed = parse_line(raw.decode("utf-8", errors="replace"))
         text = parsed.text
-        rank = parsed.rank if parsed.rank is not None else file_rank
+        rank = self._global_rank(parsed)
+        rank = rank if rank is not None else file_rank
         if parsed.pid is not None and (nm := _NCCL_RANK.search(text)):
             self.pids.setdefault(parsed.pid, int(nm.group(1)))
         if rank is not None:
@@ -388,7 +428,9 @@ class Analyzer:
         ds_exit = parse_deepspeed_exit(text) if "exits with return code" in text else None
         if ds_exit is not None:
             self.ds_exits.append((parsed.host, ds_exit[0], ds_exit[1]))
-        rank = parsed.rank if parsed.rank is not None else file_rank
+        rank = self._global_rank(parsed)
+        if rank is None:
+            rank = file_rank
         if rank is None:
             rank = message_rank(text)
         self._order += 1
