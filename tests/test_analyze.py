@@ -202,3 +202,10 @@ def test_grep_prefilter_and_pure_python_agree(monkeypatch):
     for s, a, b in zip(sets, with_grep, without, strict=True):
         for key in ("diagnosis", "ranks", "context", "torchrun_root_cause_rank"):
             assert a[key] == b[key], (s.name, key)
+
+
+def test_local_rank_prefixes_of_two_nodes_are_not_merged():
+    """[defaultN] is a local rank: node 1's [default1] is global rank 5, not rank 1 of node 0."""
+    a = analyze_paths([FIXTURES / "logs" / "74_two_node_consoles_local_prefixes_rank6"])
+    assert sorted(a.ranks) == list(range(8))
+    assert a.diagnosis.collateral_ranks == (0, 1, 2, 3, 4, 5, 7)
