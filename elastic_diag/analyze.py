@@ -392,9 +392,18 @@ class Analyzer:
 
     def _map_line(self, raw: bytes, file_rank: int | None) -> None:
         parsed = parse_line(raw.decode("utf-8", errors="replace"))
-        text = parsed.text
+        text = parsed.text.strip()
+        self._record_mappings(parsed, text, self._line_rank(parsed, text, file_rank))
+
+    def _line_rank(self, parsed: Any, text: str, file_rank: int | None) -> int | None:
+        """The line's global rank: its prefix, else its file's, else a default-group [Rank N] in it."""
         rank = self._global_rank(parsed)
-        rank = rank if rank is not None else file_rank
+        if rank is None:
+            rank = file_rank
+        return rank if rank is not None else message_rank(text)
+
+    def _record_mappings(self, parsed: Any, text: str, rank: int | None) -> None:
+        """What a line tells about which process is which rank (both passes use it)."""
         if parsed.pid is not None and (nm := _NCCL_RANK.search(text)):
             self.pids.setdefault(parsed.pid, int(nm.group(1)))
         if rank is not None:
@@ -421,36 +430,24 @@ class Analyzer:
         failed = parse_failed_line(text)
         if failed:
             self.failed_lines.append(failed)
-        if "closing signal" in text and (cm := _CLOSING.search(text)):
-            self.sigtermed.add(int(cm.group(1)))
-        if "global_rank_mapping" in text:
-            self.ds_mapping.update(parse_deepspeed_mapping(text) or {})
         ds_exit = parse_deepspeed_exit(text) if "exits with return code" in text else None
         if ds_exit is not None:
             self.ds_exits.append((parsed.host, ds_exit[0], ds_exit[1]))
-        rank = self._global_rank(parsed)
-        if rank is None:
-            rank = file_rank
-        if rank is None:
-            rank = message_rank(text)
+        rank = self._line_rank(parsed, text, file_rank)
+        self._record_mappings(parsed, text, rank)
         self._order += 1
-        hits = [(sig, m) for sig, m in self.taxonomy.match_line(text)]
         exc = _EXC_LINE.match(text)
-        if rank is not None:
-            if parsed.pid is not None:
-                self.pids.setdefault(parsed.pid, rank)
-            for pm in _PID.finditer(text):
-                self.pids.setdefault(int(pm.group(1)), rank)
-        about = [(sig, m) for sig, m in hits if m.groupdict().get("rank") or m.groupdict().get("pid")]
-        for sig, m in about:  # a line ABOUT another process: a kernel OOM line, srun's "task 5: ..."
-            hit = Hit(sig, text, idx, offset, self._order)
-            if m.groupdict().get("rank"):
-                self.rank(int(m["rank"])).hits.append(hit)
+        hits = []
+        for sig, m in self.taxonomy.match_line(text):
+            groups = m.groupdict()
+            if groups.get("rank") or groups.get("pid"):  # ABOUT another process: a kernel OOM line, srun's task N
+                hit = Hit(sig, text, idx, offset, self._order)
+                if groups.get("rank"):
+                    self.rank(int(groups["rank"])).hits.append(hit)
+                else:
+                    self.pid_hits.append((int(groups["pid"]), hit))
             else:
-                self.pid_hits.append((int(m["pid"]), hit))
-        hits = [(sig, m) for sig, m in hits if (sig, m) not in about]
-        if parsed.pid is not None and (nm := _NCCL_RANK.search(text)):
-            self.pids.setdefault(parsed.pid, int(nm.group(1)))
+                hits.append((sig, m))
         if rank is None:
             for sig, _m in hits:
                 if sig.id != "python-exception":
