@@ -71,9 +71,11 @@ def overhead(rounds: int, steps: int, width: int) -> None:
                 print(f"round {r} {name:14} median step {med * 1e3:.3f} ms", flush=True)
     med = {k: statistics.median(v) for k, v in samples.items()}
     ratio = med["torchrun-diag"] / med["torchrun"]
-    print(f"median step time: torchrun {med['torchrun'] * 1e3:.3f} ms, "
-          f"torchrun-diag {med['torchrun-diag'] * 1e3:.3f} ms "
-          f"({len(samples['torchrun'])} / {len(samples['torchrun-diag'])} samples)")
+    print(
+        f"median step time: torchrun {med['torchrun'] * 1e3:.3f} ms, "
+        f"torchrun-diag {med['torchrun-diag'] * 1e3:.3f} ms "
+        f"({len(samples['torchrun'])} / {len(samples['torchrun-diag'])} samples)"
+    )
     print(f"overhead ratio (torchrun-diag / torchrun), all steps: {ratio:.4f}  (target <= 1.02)")
     round_ratio = statistics.median(per_round["torchrun-diag"]) / statistics.median(per_round["torchrun"])
     print(f"overhead ratio, median of per-round medians: {round_ratio:.4f}")
@@ -113,8 +115,10 @@ def latency(repeats: int, grace: float) -> None:
                 rows.append((inject, lat))
                 print(f"{inject:12} run {i}: verdict on disk {lat:.3f} s after the failure", flush=True)
     worst = max(lat for _, lat in rows)
-    print(f"grace {grace:.1f} s; worst detection latency {worst:.3f} s; beyond grace {worst - grace:+.3f} s "
-          f"(target <= +1 s); median {statistics.median(lat for _, lat in rows):.3f} s")
+    print(
+        f"grace {grace:.1f} s; worst detection latency {worst:.3f} s; beyond grace {worst - grace:+.3f} s "
+        f"(target <= +1 s); median {statistics.median(lat for _, lat in rows):.3f} s"
+    )
 
 
 def main() -> None:

@@ -70,9 +70,7 @@ def _excepthook(etype: type[BaseException], value: BaseException, tb: TracebackT
     previous(etype, value, tb)
 
 
-def _record_exception(
-    etype: type[BaseException], value: BaseException, tb: TracebackType | None, now: float
-) -> None:
+def _record_exception(etype: type[BaseException], value: BaseException, tb: TracebackType | None, now: float) -> None:
     rank_dir = _state["rank_dir"]
     formatted = "".join(traceback.format_exception(etype, value, tb))
     name = exception_type_name(etype)

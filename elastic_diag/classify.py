@@ -188,7 +188,20 @@ def _unattributed(
 
 
 def _fmt_ranks(ranks: list[int]) -> str:
-    return ", ".join(str(r) for r in ranks) if ranks else "none"
+    """``0-736, 738-1023``: runs of three or more consecutive ranks as ranges (summaries of big jobs)."""
+    if not ranks:
+        return "none"
+    parts: list[str] = []
+    values = sorted(set(ranks))
+    start = prev = values[0]
+    for r in [*values[1:], None]:
+        if r is not None and r == prev + 1:
+            prev = r
+            continue
+        parts.append(f"{start}-{prev}" if prev - start >= 2 else ", ".join(str(x) for x in range(start, prev + 1)))
+        if r is not None:
+            start = prev = r
+    return ", ".join(parts)
 
 
 def classify_attempt(
