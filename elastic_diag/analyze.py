@@ -1,7 +1,7 @@
 """``elastic-diag analyze``: the classifier over log files a user already has. No torch, no upload.
 
 Streaming: each file is read in chunks; a prefilter of a few anchor words finds the few candidate
-lines in C (the system's ``grep -F`` for per-rank files when there is one, else ``bytes.find``
+lines in C (the system's ``grep -E`` for per-rank files when there is one, else ``bytes.find``
 passes), and only those lines are parsed in Python. The
 rank of a line comes from its prefix (``[rank3]:``), else from its file's path. Per rank the
 earliest distinct errors are kept, plus the last lines of the files that belong to it; torchrun's
