@@ -6,6 +6,8 @@ before the user's script, and ``elastic-diag analyze`` runs without torch.
 
 from __future__ import annotations
 
+from elastic_diag.beacon import heartbeat, watch
+
 __version__ = "0.1.0"
 
-__all__ = ["__version__"]
+__all__ = ["__version__", "heartbeat", "watch"]

@@ -19,11 +19,14 @@ Any error inside the diagnosis is recorded in the report and never changes what 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
+import shutil
 import signal
 import socket
+import subprocess
 import threading
 import time
 from collections.abc import Callable
@@ -36,20 +39,22 @@ from torch.distributed.elastic.agent.server.api import RunResult, WorkerGroup, W
 from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
 from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
 
-from elastic_diag import bootstrap
+from elastic_diag import beacon, bootstrap
 from elastic_diag.capture import (
     AttemptLayout,
     DiagLogsSpecs,
     RankLayout,
     read_exception,
+    read_flight_record,
     read_json,
     read_stack_since,
     read_tail,
     stack_file_size,
 )
-from elastic_diag.classify import Diagnosis, classify_attempt
+from elastic_diag.classify import Diagnosis, classify_attempt, straggler_warnings
 from elastic_diag.config import DiagConfig
 from elastic_diag.evidence import AttemptEvidence, RankEvidence, parse_stack_dump
+from elastic_diag.health import HangAlarm, HealthMonitor, read_progress
 from elastic_diag.session import DiagSession
 
 logger = logging.getLogger(__name__)
@@ -109,6 +114,62 @@ def dump_stacks(
     return {k: read_stack_since(layout.dir, before[k]) for k, (_, layout) in targets.items()}
 
 
+def request_dumps(
+    targets: dict[int, tuple[int, RankLayout]],
+    timeout: float,
+    request_id: str,
+    clock: Clock = time.monotonic,
+    sleep: Sleep = time.sleep,
+) -> tuple[dict[int, str], set[int]]:
+    """Ask each live rank's beacon for its stacks and flight recorder (a ``dump.request`` file); the
+    ranks that do not answer within ``timeout`` get the faulthandler signal instead. Returns the
+    stack text per rank and the ranks whose beacon answered."""
+    before = {k: stack_file_size(layout.dir) for k, (_, layout) in targets.items()}
+    pending = set()
+    for k, (_, layout) in targets.items():
+        try:
+            (layout.dir / beacon.DUMP_DONE_FILE).unlink(missing_ok=True)
+            tmp = layout.dir / f".{beacon.DUMP_REQUEST_FILE}.tmp"
+            tmp.write_text(request_id)
+            os.replace(tmp, layout.dir / beacon.DUMP_REQUEST_FILE)
+            pending.add(k)
+        except OSError:
+            pass
+    answered: set[int] = set()
+    deadline = clock() + timeout
+    while pending and clock() < deadline:
+        sleep(_POLL_S)
+        for k in list(pending):
+            done = read_json(targets[k][1].dir / beacon.DUMP_DONE_FILE)
+            if done and done.get("id") == request_id:
+                pending.discard(k)
+                answered.add(k)
+    stacks = {k: read_stack_since(layout.dir, before[k]) for k, (_, layout) in targets.items() if k in answered}
+    silent = {k: v for k, v in targets.items() if k not in answered}
+    if silent:  # the beacon thread never ran (the GIL held in C, or no bootstrap): faulthandler's signal
+        stacks.update(dump_stacks(silent, timeout, clock=clock, sleep=sleep))
+    return stacks, answered
+
+
+def native_stacks(pid: int, rank_dir: Path, timeout: float = 10.0) -> str | None:
+    """py-spy's dump with native frames, when py-spy is installed (saved beside the other evidence)."""
+    exe = shutil.which("py-spy")
+    if exe is None:
+        return None
+    try:
+        out = subprocess.run([exe, "dump", "--native", "--pid", str(pid)], capture_output=True, timeout=timeout,
+                             check=False, text=True, errors="replace")  # fmt: skip
+    except (OSError, subprocess.SubprocessError) as e:
+        return f"py-spy failed: {e}"
+    text = (out.stdout or out.stderr)[:STACK_LIMIT]
+    with contextlib.suppress(OSError):
+        (rank_dir / "pyspy.txt").write_text(text)
+    return text
+
+
+STACK_LIMIT = 256 * 1024
+
+
 @dataclass(slots=True)
 class _Worker:
     rank: int
@@ -144,8 +205,16 @@ class AttemptCapture:
         self.decided_at: float | None = None
         self.finished = False
         self.alive_at_decision: set[int] = set()
+        self.problems: list[str] = []
         self.stacks: dict[int, str] = {}
         self.diagnosis: Diagnosis | None = None
+        self.hang: HangAlarm | None = None
+        self.missing_evidence: list[str] = []
+        self.health: HealthMonitor | None = None
+        if config.hang_timeout_s != 0:
+            files = {w.local_rank: w.layout.path(beacon.PROGRESS_FILE) for w in workers}
+            self.health = HealthMonitor(files, config.hang_timeout_s)
+            self.health.start()
 
     # -- polling ----------------------------------------------------------------------------------
     def _poll(self) -> dict[int, int | None]:
@@ -199,6 +268,46 @@ class AttemptCapture:
         self.session.record_attempt(evidence, self.diagnosis, status="failed", final=False)
         return self.diagnosis
 
+    def hang_alarm(self) -> HangAlarm | None:
+        return self.health.alarm if self.health is not None else None
+
+    def decide_hang(self, alarm: HangAlarm) -> Diagnosis:
+        """No rank progressed for the threshold: every rank's stacks and flight recorder (all before
+        any kill), the verdict on disk, then the group is stopped (the agent lives on)."""
+        self.hang = alarm
+        codes = self._poll()
+        alive = {lr for lr, c in codes.items() if c is None}
+        self.alive_at_decision = alive
+        self.decided_at = self._clock()
+        targets = {lr: (self.workers[lr].proc.pid, self.workers[lr].layout) for lr in alive}
+        timeout = max(self.config.stack_timeout_s, 1.0)
+        self.stacks, answered = request_dumps(targets, timeout, f"hang-{self.attempt.attempt}-{self.decided_at:.6f}",
+                                              sleep=self._sleep)  # fmt: skip
+        for lr in sorted(alive - answered):
+            self.missing_evidence.append(
+                f"rank {self.workers[lr].rank}: its beacon did not answer the dump request within {timeout:.1f} s "
+                "(stack from the faulthandler signal, no fresh flight-recorder dump)"
+            )
+        for lr in sorted(alive):
+            w = self.workers[lr]
+            native_stacks(w.proc.pid, w.layout.dir)
+        self.decided = True
+        evidence = self.evidence(final=False)
+        self.diagnosis = classify_attempt(evidence)
+        self.session.record_attempt(evidence, self.diagnosis, status="failed", final=False)
+        self.stop_group()
+        return self.diagnosis
+
+    def stop_group(self) -> None:
+        """SIGTERM every live rank; torch's own monitor then sees the exits and tears down the rest."""
+        for _lr, w in self.workers.items():
+            if w.proc.poll() is None:
+                with contextlib.suppress(OSError):
+                    os.kill(w.proc.pid, signal.SIGTERM)
+        deadline = time.monotonic() + 5.0
+        while time.monotonic() < deadline and any(w.proc.poll() is None for w in self.workers.values()):
+            self._sleep(_POLL_S)
+
     def evidence(self, *, final: bool) -> AttemptEvidence:
         codes = self._poll()
         stopped: set[int] = set()
@@ -215,8 +324,14 @@ class AttemptCapture:
         if final:  # the launcher's teardown ends a rank with SIGTERM, or SIGKILL after its deadline
             stopped = {lr for lr in alive_at_decision if codes.get(lr) in (-signal.SIGTERM, -signal.SIGKILL)}
         ranks = []
+        problems: list[str] = []
         for lr, w in sorted(self.workers.items()):
             info = read_json(w.layout.path(bootstrap.WORKER_FILE)) or {}
+            record, problem = read_flight_record(w.layout.dir, w.rank)
+            if problem:
+                problems.append(problem)
+            progress = read_progress(w.layout.path(beacon.PROGRESS_FILE)) or {}
+            durations = tuple(float(d) for d in progress.get("step_durations") or () if isinstance(d, int | float))
             stack_text = self.stacks.get(lr, "")
             start = info.get("start_time")
             ranks.append(
@@ -235,19 +350,33 @@ class AttemptCapture:
                     stdout_tail=read_tail(w.layout.path(bootstrap.STDOUT_FILE), 10),
                     stack=parse_stack_dump(stack_text) if stack_text else None,
                     evidence_dir=str(w.layout.dir),
+                    flight_record=record,
+                    nonfinite=read_json(w.layout.path(beacon.NONFINITE_FILE)),
+                    step_durations=durations,
                 )
             )
+        self.problems = [*self.missing_evidence, *problems]
         return AttemptEvidence(
-            attempt=self.attempt.attempt, ranks=tuple(ranks), run_id=self.session.run_id, decided_at=self.decided_at
+            attempt=self.attempt.attempt,
+            ranks=tuple(ranks),
+            run_id=self.session.run_id,
+            decided_at=self.decided_at,
+            hang=self.hang.to_json() if self.hang is not None else None,
         )
 
     def finish(self, result: RunResult) -> RunResult:
         """After torch's teardown: final verdict and report, and torch's failure list corrected."""
         self.finished = True
+        if self.health is not None:
+            self.health.stop()
         status = "succeeded" if result.state == WorkerState.SUCCEEDED else "failed"
         evidence = self.evidence(final=True)
         diagnosis = classify_attempt(evidence)
         self.diagnosis = diagnosis
+        for problem in self.problems:
+            self.session.note(f"attempt {self.attempt.attempt}: missing evidence: {problem}")
+        for warning in straggler_warnings(evidence):
+            self.session.warnings.append(warning)
         self.session.record_attempt(evidence, diagnosis, status=status, final=True)
         if status == "failed" and diagnosis.initiating_rank is not None:
             result.failures = self._corrected_failures(result.failures, evidence, diagnosis)
@@ -332,6 +461,8 @@ class DiagAgent(LocalElasticAgent):
             try:
                 if capture.has_failure():
                     capture.decide()
+                elif (alarm := capture.hang_alarm()) is not None:
+                    capture.decide_hang(alarm)
             except Exception as e:
                 self._session.internal_error("capturing evidence before teardown", e)
         result: RunResult = super()._monitor_workers(worker_group)

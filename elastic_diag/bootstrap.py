@@ -12,6 +12,8 @@ The launcher puts ``elastic_diag/_boot`` first on each worker's ``PYTHONPATH``; 
 * wraps :data:`sys.excepthook` to record the exception type, message, traceback and a
   sub-millisecond timestamp in ``exception.json``, and the torchelastic error file when the script
   has no ``@record`` of its own;
+* starts the progress beacon (:mod:`elastic_diag.beacon`) that the agent's health monitor reads,
+  and writes the flight recorder's entries when the rank dies of an exception or exits;
 * removes its own variables from the environment, so that subprocesses of the rank do not write
   into the rank's evidence.
 
@@ -20,6 +22,8 @@ This module imports only the standard library: it runs before the user's script,
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import faulthandler
 import json
 import os
@@ -29,6 +33,8 @@ import time
 import traceback
 from types import TracebackType
 from typing import IO, Any
+
+from elastic_diag import beacon
 
 ENV_RANK_DIR = "ELASTIC_DIAG_RANK_DIR"
 ENV_BOOT_PATH = "ELASTIC_DIAG_BOOT_PATH"
@@ -65,6 +71,12 @@ def _excepthook(etype: type[BaseException], value: BaseException, tb: TracebackT
         if os.getpid() == _state.get("pid"):
             _record_exception(etype, value, tb, now)
     except Exception:  # never let the evidence hide the user's own traceback
+        pass
+    try:
+        b = beacon.current()
+        if b is not None and os.getpid() == _state.get("pid"):
+            b.at_exit("exception")
+    except Exception:
         pass
     previous = _state.get("previous_excepthook") or sys.__excepthook__
     previous(etype, value, tb)
@@ -123,10 +135,19 @@ def install(rank_dir: str) -> None:
     _state["stacks_file"] = stacks
     faulthandler.register(DUMP_SIGNAL, file=stacks, all_threads=True, chain=False)
     sys.excepthook = _excepthook
+    b = beacon.start(rank_dir, stacks)
+    atexit.register(_at_exit, b)
     _write_json(
         os.path.join(rank_dir, WORKER_FILE),
         {"pid": os.getpid(), "start_time": time.time(), "argv": sys.argv, "executable": sys.executable},
     )
+
+
+def _at_exit(b: beacon.Beacon) -> None:
+    if os.getpid() == _state.get("pid"):
+        b.stop.set()
+        with contextlib.suppress(Exception):
+            b.at_exit("exit")
 
 
 def install_from_env() -> None:

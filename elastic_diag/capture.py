@@ -7,8 +7,11 @@
         stdout.log  stderr.log   every byte the rank wrote, always kept
         error.json               torchelastic's error file (written by @record or our bootstrap)
         exception.json           the bootstrap's record of an uncaught exception (precise time)
-        stacks.txt               faulthandler dumps taken on the dump signal
+        stacks.txt               faulthandler dumps taken on the dump signal or a dump request
         worker.json              pid and start time
+        progress.json            the progress beacon the health monitor reads
+        fr_trace.json            the flight recorder's entries (on a dump request, an exception, exit)
+        nonfinite.json           the first non-finite loss the rank backpropagated
 
 and sets each rank's environment so the worker bootstrap (``elastic_diag/_boot``) loads with no
 change to the script. The console still shows every rank's output, through torch's own tailer,
@@ -22,18 +25,21 @@ from __future__ import annotations
 
 import json
 import os
+import pickle
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from torch.distributed.elastic.multiprocessing.api import LogsDest, LogsSpecs, Std, to_map
 
-from elastic_diag import bootstrap
+from elastic_diag import beacon, bootstrap
 from elastic_diag.evidence import ExceptionRecord
+from elastic_diag.flight_recorder import RankRecord, load_dump, parse_record
 
 BOOT_DIR = str(Path(__file__).with_name("_boot"))
 TAIL_BYTES = 64 * 1024
 STACK_BYTES = 256 * 1024
+FR_BYTES = beacon.FR_MAX_BYTES
 
 
 @dataclass(slots=True)
@@ -219,3 +225,21 @@ def read_stack_since(rank_dir: Path, offset: int) -> str:
             return fp.read(STACK_BYTES).decode("utf-8", errors="replace")
     except OSError:
         return ""
+
+
+def read_flight_record(rank_dir: Path, rank: int) -> tuple[RankRecord | None, str | None]:
+    """The rank's flight-recorder dump (``fr_trace.json``) and, when it cannot be used, why."""
+    path = rank_dir / beacon.FR_FILE
+    try:
+        size = path.stat().st_size
+        if size > FR_BYTES:
+            return None, f"rank {rank}: flight-recorder dump of {size} bytes is over the {FR_BYTES}-byte limit"
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        return None, None
+    except OSError as e:
+        return None, f"rank {rank}: flight-recorder dump unreadable ({e.strerror or e})"
+    try:
+        return parse_record(rank, load_dump(raw)), None
+    except (ValueError, pickle.UnpicklingError, EOFError, TypeError, KeyError) as e:
+        return None, f"rank {rank}: flight-recorder dump not usable ({e})"

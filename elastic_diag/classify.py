@@ -18,6 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from elastic_diag.evidence import AttemptEvidence, RankEvidence
+from elastic_diag.flight_recorder import Finding, compare
 from elastic_diag.taxonomy import Signature, Taxonomy, load_taxonomy
 
 ROLES = ("initiating", "collateral", "stopped", "healthy", "unknown")
@@ -51,8 +52,10 @@ class Diagnosis:
     collateral_ranks: tuple[int, ...] = ()
     roles: dict[int, str] = field(default_factory=dict)
     retryable: bool | None = None
+    collective: dict[str, object] | None = None  # where the schedules part (desync / mismatch / missing)
 
     def to_json(self) -> dict[str, object]:
+        extra: dict[str, object] = {"collective": self.collective} if self.collective else {}
         return {
             "failure_class": self.failure_class,
             "initiating_rank": self.initiating_rank,
@@ -64,6 +67,7 @@ class Diagnosis:
             "fix": self.fix,
             "verify": self.verify,
             "collateral_ranks": list(self.collateral_ranks),
+            **extra,
         }
 
 
@@ -226,6 +230,15 @@ def classify_attempt(
             roles={r: "healthy" for r in findings},
         )
 
+    records = {ev.rank: ev.flight_record for ev in evidence.ranks if ev.flight_record is not None}
+    schedule = compare(records, sorted(by_rank)).finding if len(records) >= 2 else None
+    if failed or evidence.hang:
+        nan = _nonfinite_verdict(evidence, findings, tax)
+        if nan is not None:
+            return nan
+        if schedule is not None and schedule.kind in ("desync", "mismatch") and len(schedule.ranks) == 1:
+            return _schedule_verdict(schedule, evidence, findings, tax)
+
     def order(f: RankFinding) -> tuple[float, int]:
         return (f.time if f.time is not None else float("inf"), f.rank)
 
@@ -254,9 +267,19 @@ def classify_attempt(
         initiating = findings[named_rank]
         naming = max(votes[named_rank], key=lambda v: v[0].priority)
         reason = f"is named by {len(votes[named_rank])} line(s) of its peers"
+    elif (
+        schedule is not None
+        and schedule.kind == "missing"
+        and len(schedule.ranks) == 1
+        and not (findings[schedule.ranks[0]].in_collective and evidence.hang is None)
+    ):
+        initiating = findings[schedule.ranks[0]]
+        reason = f"never entered collective #{schedule.seq} of process group {schedule.group} that its peers waited in"
     elif alive_outside:
         initiating = alive_outside[0]
         reason = ""
+    elif (odd := _odd_location(evidence, findings)) is not None:
+        return _schedule_verdict(None, evidence, findings, tax, odd_rank=odd)
     elif collateral and len(alive) == 1:
         initiating = alive[0]
         reason = "neither failed nor reported a timeout while every other rank did"
@@ -273,7 +296,8 @@ def classify_attempt(
         elif f.state == "failed" and f.hint == "collateral":
             roles[r] = "collateral"
         elif f.state in ("alive", "stopped"):
-            roles[r] = "stopped"
+            # after a hang alarm, a rank stopped while it waited inside a collective waited for the culprit
+            roles[r] = "collateral" if evidence.hang is not None and f.in_collective else "stopped"
         else:
             roles[r] = "unknown"
     collateral_ranks = sorted(r for r, role in roles.items() if role == "collateral")
@@ -359,7 +383,9 @@ def classify_attempt(
     where = f" on {ev.node}" if ev.node else ""
     summary = f"Rank {ev.rank}{where} {what}" + (f" at {loc}" if loc else "")
     summary += ", while its peers waited." if cls == "hang" and ev.stack is not None else "."
-    if collateral_ranks:
+    if collateral_ranks and evidence.hang is not None and initiating.state != "failed":
+        summary += f" Ranks {_fmt_ranks(collateral_ranks)} waited for it inside a collective and were stopped."
+    elif collateral_ranks:
         summary += f" Ranks {_fmt_ranks(collateral_ranks)} then failed waiting for it."
     stopped = sorted(r for r, role in roles.items() if role == "stopped")
     if stopped:
@@ -369,6 +395,10 @@ def classify_attempt(
     if reason and cls != "hang":
         summary += f" (Rank {ev.rank} {reason}.)"
 
+    if schedule is not None and schedule.kind == "missing" and ev.rank in schedule.ranks:
+        lines.append(schedule.summary)
+    if evidence.hang is not None and initiating.state != "failed":
+        lines.append(_hang_line(evidence.hang))
     return Diagnosis(
         failure_class=cls,
         initiating_rank=ev.rank,
@@ -382,7 +412,217 @@ def classify_attempt(
         collateral_ranks=tuple(collateral_ranks),
         roles=roles,
         retryable=sig.retryable if sig else None,
+        collective=_finding_json(schedule, evidence) if schedule is not None and ev.rank in schedule.ranks else None,
     )
+
+
+def _hang_line(hang: dict[str, object]) -> str:
+    return (
+        f"elastic_diag health monitor: no rank made progress for {hang.get('stalled_s')} s "
+        f"(threshold {hang.get('threshold_s')} s, {hang.get('reason', 'hang timeout')})"
+    )
+
+
+def _roles_around(initiating: int, findings: dict[int, RankFinding]) -> dict[int, str]:
+    roles = {}
+    for r, f in findings.items():
+        if r == initiating:
+            roles[r] = "initiating"
+        elif f.state == "succeeded":
+            roles[r] = "healthy"
+        elif f.state == "failed" or f.in_collective:
+            roles[r] = "collateral"
+        else:
+            roles[r] = "stopped"
+    return roles
+
+
+def _finding_json(finding: Finding, evidence: AttemptEvidence) -> dict[str, object]:
+    where = {ev.rank: ev.location() for ev in evidence.ranks}
+    return {
+        "kind": finding.kind,
+        "process_group": finding.group,
+        "seq": finding.seq,
+        "ranks": list(finding.ranks),
+        "sides": {str(r): v for r, v in finding.sides.items()},
+        "source": {str(r): loc for r, loc in sorted(where.items()) if loc},
+    }
+
+
+def _locations_lines(evidence: AttemptEvidence, focus: int) -> list[str]:
+    """``rank 2 at file:line``, then the other ranks grouped by where they were."""
+    groups: dict[str, list[int]] = {}
+    for ev in evidence.ranks:
+        if ev.rank != focus and (loc := ev.location()):
+            groups.setdefault(loc, []).append(ev.rank)
+    own = next((ev.location() for ev in evidence.ranks if ev.rank == focus), None)
+    lines = [f"rank {focus} was at {own}"] if own else []
+    lines.extend(f"ranks {_fmt_ranks(rs)} were at {loc}" for loc, rs in sorted(groups.items(), key=lambda kv: kv[1]))
+    return lines
+
+
+def _odd_location(evidence: AttemptEvidence, findings: dict[int, RankFinding]) -> int | None:
+    """With every failure a symptom (peer closed, size mismatch, timeout): the one rank whose code was
+    somewhere else than all its peers', which agree with each other (at least two of them)."""
+    where = {ev.rank: ev.location() for ev in evidence.ranks if findings[ev.rank].state != "succeeded"}
+    if len(where) < 3 or any(loc is None for loc in where.values()):
+        return None
+    counts: dict[str | None, list[int]] = {}
+    for r, loc in where.items():
+        counts.setdefault(loc, []).append(r)
+    if len(counts) != 2:
+        return None
+    small, big = sorted(counts.values(), key=len)
+    return small[0] if len(small) == 1 and len(big) >= 2 else None
+
+
+def _schedule_verdict(
+    finding: Finding | None,
+    evidence: AttemptEvidence,
+    findings: dict[int, RankFinding],
+    tax: Taxonomy,
+    odd_rank: int | None = None,
+) -> Diagnosis:
+    """The ranks' collective schedules part: from the flight recorders (``finding``), or from where
+    each rank's code was (``odd_rank``)."""
+    rank = finding.ranks[0] if finding is not None else odd_rank
+    assert rank is not None
+    ev = next(e for e in evidence.ranks if e.rank == rank)
+    mismatch = finding is not None and finding.kind == "mismatch"
+    sig = tax.get("collective-mismatch") if mismatch else tax.get("collective-schedule-diverged")
+    cls = "collective_mismatch" if mismatch else "collective_desync"
+    roles = _roles_around(rank, findings)
+    where = f" on {ev.node}" if ev.node else ""
+    loc = ev.location()
+    if finding is not None:
+        others = sorted(r for r in finding.sides if r != rank)
+        theirs = next((finding.sides[r] for r in others), "?")
+        what = "the same collective with other sizes, dtypes or op" if mismatch else "a different collective"
+        summary = (
+            f"Rank {rank}{where} issued {what} than its peers at collective #{finding.seq} of process group "
+            f"{finding.group}: {finding.sides[rank]} against {theirs} on ranks {_fmt_ranks(others)}"
+        )
+        lines = [
+            f"elastic_diag: collective schedules part at process group {finding.group}, collective #{finding.seq}: "
+            "the ranks did not join the same collective",
+            *(f"rank {r}: #{finding.seq} {side}" for r, side in sorted(finding.sides.items())),
+        ]
+    else:
+        summary = (
+            f"Rank {rank}{where} was at another place in the code than all its peers when their collectives "
+            "failed: its collective schedule parted from theirs"
+        )
+        if ev.flight_record is None:
+            died = f", it died by {ev.signal}" if ev.signal else ""
+            summary += f" (rank {rank} left no flight-recorder record{died})"
+        lines = ["elastic_diag: collective schedules part: the ranks did not join the same collective"]
+    summary += f"; rank {rank} was at {loc}." if loc else "."
+    collateral = sorted(r for r, role in roles.items() if role == "collateral")
+    if collateral:
+        summary += f" Ranks {_fmt_ranks(collateral)} then failed in the collectives that no longer matched."
+    lines.extend(_locations_lines(evidence, rank))
+    for f in findings.values():
+        if f.rank != rank and f.state == "failed" and f.lines:
+            lines.append(f"rank {f.rank}: {f.lines[0]}")
+            break
+    if evidence.hang is not None:
+        lines.append(_hang_line(evidence.hang))
+    return Diagnosis(
+        failure_class=cls,
+        initiating_rank=rank,
+        initiating_node=ev.node or None,
+        signature_id=sig.id,
+        summary=summary,
+        evidence=tuple(lines[:MAX_EVIDENCE_LINES]),
+        fix=sig.fix,
+        verify=sig.verify,
+        collateral_ranks=tuple(collateral),
+        roles=roles,
+        retryable=sig.retryable,
+        collective=_finding_json(finding, evidence) if finding is not None else None,
+    )
+
+
+def _nonfinite_verdict(evidence: AttemptEvidence, findings: dict[int, RankFinding], tax: Taxonomy) -> Diagnosis | None:
+    """The rank whose own loss went non-finite first (by backward count, then time)."""
+    marks = []
+    for ev in evidence.ranks:
+        nf = ev.nonfinite
+        if isinstance(nf, dict) and isinstance(nf.get("backward"), int):
+            t = nf.get("time")
+            marks.append((nf["backward"], t if isinstance(t, int | float) else float("inf"), ev.rank))
+    if not marks:
+        return None
+    marks.sort()
+    first = [m for m in marks if m[0] == marks[0][0]]
+    if len(first) > 1 and len(first) == len(evidence.ranks):
+        return None  # every rank's own loss went non-finite at the same step: no rank to name
+    backward, _, rank = marks[0]
+    ev = next(e for e in evidence.ranks if e.rank == rank)
+    sig = tax.get("nan-inf-loss")
+    roles = _roles_around(rank, findings)
+    nf = ev.nonfinite or {}
+    where = f" on {ev.node}" if ev.node else ""
+    summary = (
+        f"Rank {rank}{where} backpropagated a non-finite loss first (its backward #{backward}, at {nf.get('where')}); "
+        "the averaged gradients then carried it to every rank."
+    )
+    others = [m for m in marks[1:]]
+    if others:
+        summary += " Ranks " + _fmt_ranks([m[2] for m in others]) + " had a non-finite loss only later."
+    collateral = sorted(r for r, role in roles.items() if role == "collateral")
+    if collateral:
+        summary += f" Ranks {_fmt_ranks(collateral)} then failed on the non-finite values."
+    lines = [f"rank {rank}: loss.backward() on a non-finite loss (backward #{backward}) at {nf.get('where')}"]
+    lines.extend(f"rank {f.rank}: {f.lines[0]}" for f in findings.values() if f.rank != rank and f.lines)
+    return Diagnosis(
+        failure_class="nan_inf",
+        initiating_rank=rank,
+        initiating_node=ev.node or None,
+        exception_type=ev.exception.type if ev.exception else None,
+        signature_id=sig.id,
+        summary=summary,
+        evidence=tuple(lines[:MAX_EVIDENCE_LINES]),
+        fix=sig.fix,
+        verify=sig.verify,
+        collateral_ranks=tuple(collateral),
+        roles=roles,
+        retryable=sig.retryable,
+    )
+
+
+STRAGGLER_MIN_S = 0.05
+STRAGGLER_FRACTION = 0.1
+
+
+def straggler_warnings(evidence: AttemptEvidence) -> list[dict[str, object]]:
+    """Ranks that enter the collectives consistently later than the others (from the flight
+    recorders' enqueue times): slow but alive, a warning and not a failure. A rank is a straggler
+    when its mean lateness is at least 50 ms and a tenth of the median step."""
+    records = {ev.rank: ev.flight_record for ev in evidence.ranks if ev.flight_record is not None}
+    lags = compare(records).lags if len(records) >= 3 else {}
+    if not lags:
+        return []
+    steps = sorted(d for ev in evidence.ranks for d in ev.step_durations[3:])
+    step = steps[len(steps) // 2] if steps else None
+    floor = max(STRAGGLER_MIN_S, STRAGGLER_FRACTION * step) if step else STRAGGLER_MIN_S
+    out: list[dict[str, object]] = []
+    for rank, lag in sorted(lags.items()):
+        if lag < floor:
+            continue
+        node = next((ev.node for ev in evidence.ranks if ev.rank == rank), None)
+        what = f"enters the collectives {lag * 1000:.0f} ms after the median rank on average"
+        if step:
+            what += f" (median step {step * 1000:.0f} ms): its peers wait for it"
+        out.append({
+            "class": "straggler",
+            "rank": rank,
+            "node": node,
+            "lag_s": round(lag, 4),
+            "step_s": round(step, 4) if step else None,
+            "summary": f"rank {rank}{f' on {node}' if node else ''} {what} (attempt {evidence.attempt})",
+        })  # fmt: skip
+    return out
 
 
 def classify_launch_error(text: str, taxonomy: Taxonomy | None = None) -> Diagnosis:

@@ -10,6 +10,9 @@ from __future__ import annotations
 import re
 import signal
 from dataclasses import dataclass, field
+from typing import Any
+
+from elastic_diag.flight_recorder import RankRecord
 
 # Innermost frames in these parts of torch mean "inside a collective or waiting on one" (DDP's and
 # FSDP's collectives run inside autograd's backward, so a rank blocked there shows autograd frames).
@@ -44,6 +47,25 @@ class ExceptionRecord:
         file, line, func = frames[-1]
         return f"{file}:{line} in {func}"
 
+    def user_location(self) -> str | None:
+        """The innermost traceback frame in the user's code (outside torch and the standard library)."""
+        frames = re.findall(r'File "([^"]+)", line (\d+), in (\S+)', self.traceback)
+        for file, line, func in reversed(frames):
+            if _is_user_file(file):
+                return f"{file}:{line} in {func}"
+        return None
+
+
+def _is_user_file(path: str) -> bool:
+    p = path.replace("\\", "/")
+    return (
+        "/torch/" not in p
+        and "/threading.py" not in p
+        and "/site-packages/" not in p
+        and not p.endswith("elastic_diag/beacon.py")  # the backward hook's own frame
+        and not p.startswith("<")
+    )
+
 
 @dataclass(frozen=True, slots=True)
 class StackFrame:
@@ -76,8 +98,7 @@ class StackDump:
     def user_frame(self) -> StackFrame | None:
         """The innermost main-thread frame outside torch and the standard library's threading."""
         for f in self.main_thread:
-            path = f.file.replace("\\", "/")
-            if "/torch/" not in path and "/threading.py" not in path:
+            if _is_user_file(f.file):
                 return f
         return self.main_thread[0] if self.main_thread else None
 
@@ -131,6 +152,21 @@ class RankEvidence:
     stack: StackDump | None = None
     evidence_dir: str | None = None
     notes: tuple[str, ...] = field(default=())
+    flight_record: RankRecord | None = None
+    nonfinite: dict[str, Any] | None = None  # the first non-finite loss this rank backpropagated
+    step_durations: tuple[float, ...] = ()
+
+    def location(self) -> str | None:
+        """Where the rank's own code was when it failed or was stopped: its traceback, the stack the
+        launcher took, or the faulthandler dump in its stderr (a fatal signal)."""
+        if self.exception is not None and (loc := self.exception.user_location()):
+            return loc
+        if self.stack is not None and (frame := self.stack.user_frame()):
+            return str(frame)
+        dumped = parse_stack_dump("\n".join(self.stderr_tail))
+        if dumped is not None and (frame := dumped.user_frame()):
+            return str(frame)
+        return None
 
     @property
     def signal(self) -> str | None:
@@ -154,3 +190,4 @@ class AttemptEvidence:
     ranks: tuple[RankEvidence, ...]
     run_id: str = ""
     decided_at: float | None = None
+    hang: dict[str, Any] | None = None  # the health monitor's alarm: threshold_s, stalled_s, reason

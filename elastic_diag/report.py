@@ -153,6 +153,8 @@ def format_summary(report: dict[str, Any], report_path: str) -> str:
             lines.append(f"  verify: {d['verify']}")
         if n > 1:
             lines.append(f"  attempts: {n} (each has its own verdict in the report)")
+    for w in report.get("warnings", []):
+        lines.append(f"  warning ({w.get('class')}): {w.get('summary')}")
     for err in report.get("internal_errors", []):
         lines.append(f"  elastic_diag internal error (the job was not affected): {err}")
     lines.append(f"  evidence: {report['diag_dir']}  (report: {report_path})")

@@ -48,6 +48,14 @@ def get_parser() -> argparse.ArgumentParser:
         help="Seconds to wait for the stack dumps of ranks still alive (default 2).",
     )
     group.add_argument(
+        "--diag-hang-timeout",
+        default=None,
+        metavar="auto|off|SECONDS",
+        help="Call a hang when no rank has made progress (steps, backward, collectives, heartbeats) for this "
+        "long: take every rank's stacks and flight recorder, then stop the group. 'auto' (default): 10x the "
+        "median step time, at least 60 s, 600 s before 3 steps (env ELASTIC_DIAG_HANG_TIMEOUT).",
+    )
+    group.add_argument(
         "--diag-tail-lines", type=int, default=None, help="Lines of each rank's stderr kept in the report (default 40)."
     )
     group.add_argument("--no-diag", action="store_true", help="Run exactly as plain torchrun, with no diagnosis.")
@@ -110,6 +118,7 @@ def run_diagnosed(args: argparse.Namespace) -> int:
         grace_s=args.diag_grace,
         stack_timeout_s=args.diag_stack_timeout,
         tail_lines=args.diag_tail_lines,
+        hang_timeout=args.diag_hang_timeout,
     )
     config.check_writable()
     _prepare_rdzv(args)

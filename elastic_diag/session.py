@@ -29,6 +29,7 @@ class DiagSession:
         self.attempts: dict[int, AttemptRecord] = {}
         self.internal_errors: list[str] = []
         self.notes: list[str] = []
+        self.warnings: list[dict[str, Any]] = []
         self.launch_diagnosis: Diagnosis | None = None
 
     @property
@@ -49,6 +50,11 @@ class DiagSession:
         self.internal_errors.append(f"{what}: {type(exc).__name__}: {exc}")
         self.write()
 
+    def warn(self, warning: dict[str, Any]) -> None:
+        """Something that deserves attention without having failed the run (a straggler)."""
+        self.warnings.append(warning)
+        self.write()
+
     def note(self, text: str) -> None:
         self.notes.append(text)
 
@@ -66,6 +72,7 @@ class DiagSession:
             diag_dir=str(self.config.diag_dir),
             node=self.node,
             launch_diagnosis=self.launch_diagnosis,
+            warnings=self.warnings,
             internal_errors=self.internal_errors,
             notes=self.notes,
         )

@@ -12,8 +12,10 @@ from __future__ import annotations
 import argparse
 import ctypes
 import os
+import queue
 import signal
 import sys
+import threading
 import time
 import traceback
 from datetime import timedelta
@@ -32,7 +34,17 @@ INJECTIONS = (
     "memoryerror",
     "hang",
     "transient",
+    "deadlock",
+    "infinite-loop",
+    "skip-collective",
+    "extra-collective",
+    "shape-mismatch",
+    "unused-layer",
+    "straggler",
+    "slow-first-step",
 )
+# These change what the culprit does from --at-step on, inside the training step (see train()).
+IN_STEP = ("skip-collective", "extra-collective", "shape-mismatch", "unused-layer", "straggler", "slow-first-step")
 
 
 def parse_args() -> argparse.Namespace:
@@ -47,6 +59,7 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--cleanup-seconds", type=float, default=3.0, help="exception-after-cleanup: seconds of cleanup")
     p.add_argument("--mark-file", default=None, help="the culprit writes its failure time here first")
     p.add_argument("--step-times", default=None, help="append 'rank step seconds' lines here (benchmarks)")
+    p.add_argument("--straggle-seconds", type=float, default=0.3, help="straggler: extra seconds per step")
     return p.parse_args()
 
 
@@ -77,6 +90,37 @@ def inject(kind: str, args: argparse.Namespace) -> None:
     if kind == "hang":
         while True:  # stuck outside any collective; the peers wait in the next all_reduce
             time.sleep(0.5)
+    if kind == "deadlock":
+        deadlocked_loader()
+    if kind == "infinite-loop":
+        spin()
+
+
+def deadlocked_loader() -> None:
+    """A prefetching loader thread that takes two locks in the opposite order to the main thread: the
+    main thread then waits forever for a batch that never comes (a classic dataloader deadlock)."""
+    batches: queue.Queue[int] = queue.Queue()
+    a, b = threading.Lock(), threading.Lock()
+
+    def loader() -> None:
+        with b:
+            time.sleep(0.2)
+            with a:
+                batches.put(1)
+
+    threading.Thread(target=loader, name="prefetch", daemon=True).start()
+    with a:
+        time.sleep(0.1)
+        with b:
+            pass
+    batches.get()
+
+
+def spin() -> None:
+    """A Python loop that never ends (a convergence loop whose condition is never met)."""
+    x = 0.0
+    while x >= 0:
+        x = (x + 1.0) % 1000.0
 
 
 def main() -> None:
@@ -113,16 +157,32 @@ def train(args: argparse.Namespace, model: torch.nn.Module) -> None:
         t0 = time.perf_counter()
         if step == args.at_step and rank == args.culprit_rank and args.inject != "none":
             inject(args.inject, args)
+        culprit = rank == args.culprit_rank and args.inject in IN_STEP
         x, y = load_batch(step, rank)
-        loss = torch.nn.functional.mse_loss(model(x), y)
+        if culprit and args.inject == "unused-layer" and step == args.at_step:
+            # this rank's batch takes a path that skips the last layer: its gradients are never reduced
+            loss = torch.nn.functional.mse_loss(model.module[:-1](x).sum(dim=1, keepdim=True), y)
+        else:
+            loss = torch.nn.functional.mse_loss(model(x), y)
         opt.zero_grad()
         loss.backward()
         opt.step()
+        mean_loss = loss.detach().reshape(1)
+        if culprit and args.inject == "shape-mismatch" and step == args.at_step:
+            mean_loss = torch.cat([mean_loss, mean_loss])  # this rank sends two values, the others one
+        if culprit and args.inject == "extra-collective" and step == args.at_step:
+            dist.all_reduce(torch.zeros(1))  # a metric computed on this rank only
+        if not (culprit and args.inject == "skip-collective" and step == args.at_step):
+            dist.all_reduce(mean_loss)  # the mean loss, for the log
         time.sleep(args.step_sleep)
+        if culprit and args.inject == "straggler":
+            time.sleep(args.straggle_seconds)
+        if args.inject == "slow-first-step" and step == 0:
+            time.sleep(args.straggle_seconds)
         if times is not None:
             times.write(f"{rank} {step} {time.perf_counter() - t0:.6f}\n")
         if rank == 0:
-            print(f"step {step} loss {loss.item():.4f}", flush=True)
+            print(f"step {step} loss {mean_loss[0].item() / dist.get_world_size():.4f}", flush=True)
     if times is not None:
         times.close()
 

@@ -1,0 +1,162 @@
+"""The agent's health monitor: a timer thread that calls a hang long before the collective timeout.
+
+Every rank's progress beacon (:mod:`elastic_diag.beacon`) rewrites ``progress.json`` twice a second.
+The monitor reads them on its own timer and keeps, per rank, the last time its progress changed:
+optimizer steps, ``loss.backward()`` calls, heartbeats, a watched section, or the sequence numbers
+of its collectives. A hang is called when NO rank has made progress for the threshold (a rank stuck
+in a dataloader deadlock or a Python loop stops progressing, and its peers block in their next
+collective), or when a rank stays in a ``watch`` section past its own timeout.
+
+Threshold: fixed (``--diag-hang-timeout SECONDS``) or automatic: ``AUTO_FACTOR`` times the median
+step time once ``WARMUP_STEPS`` steps are seen, never below ``AUTO_FLOOR_S``; before that (slow first
+steps, compilation, loading) ``AUTO_START_S``. A checkpoint save that stalls every rank for less than
+the threshold raises nothing. Ranks without a beacon (``--no-python``, a bootstrap that failed) are
+not watched; with no beacon at all, the monitor never fires.
+
+The clock is injected; :meth:`HealthMonitor.check` is the whole decision and runs without a thread in
+unit tests.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+AUTO_FACTOR = 10.0
+AUTO_FLOOR_S = 60.0
+AUTO_START_S = 600.0
+WARMUP_STEPS = 3
+POLL_S = 0.25
+MAX_PROGRESS_BYTES = 1 << 20
+
+
+@dataclass(slots=True)
+class _RankState:
+    key: Any = None
+    changed_at: float | None = None
+    steps: int = 0
+    durations: tuple[float, ...] = ()
+    watch: Any = None
+    seen: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class HangAlarm:
+    threshold_s: float
+    stalled_s: float
+    reason: str
+    rank: int | None = None  # a rank past its own watch timeout
+
+    def to_json(self) -> dict[str, Any]:
+        return {"threshold_s": round(self.threshold_s, 3), "stalled_s": round(self.stalled_s, 3),
+                "reason": self.reason, "rank": self.rank}  # fmt: skip
+
+
+def read_progress(path: Path) -> dict[str, Any] | None:
+    try:
+        with open(path, "rb") as fp:
+            raw = fp.read(MAX_PROGRESS_BYTES + 1)
+        if len(raw) > MAX_PROGRESS_BYTES:
+            return None
+        data = json.loads(raw)
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+class HealthMonitor:
+    """Watches the progress files of one attempt's local ranks (``{rank: path}``)."""
+
+    def __init__(
+        self,
+        files: dict[int, Path],
+        hang_timeout_s: float | None,
+        clock: Callable[[], float] = time.monotonic,
+        wall: Callable[[], float] = time.time,
+    ) -> None:
+        self.files = files
+        self.fixed = hang_timeout_s
+        self._clock = clock
+        self._wall = wall
+        self.started = clock()
+        self.ranks = {r: _RankState() for r in files}
+        self.alarm: HangAlarm | None = None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    # -- the decision ------------------------------------------------------------------------------
+    def threshold(self) -> float:
+        if self.fixed is not None:
+            return self.fixed
+        durations = [d for st in self.ranks.values() if st.steps > WARMUP_STEPS for d in st.durations[-10:]]
+        if not durations:
+            return AUTO_START_S
+        return max(AUTO_FLOOR_S, AUTO_FACTOR * statistics.median(durations))
+
+    def observe(self, rank: int, data: dict[str, Any] | None, now: float) -> None:
+        st = self.ranks[rank]
+        if data is None:
+            return
+        pg = data.get("pg_status") or {}
+        seqs = tuple(sorted((str(k), str(v.get("last_enqueued_collective")), str(v.get("last_completed_collective")))
+                            for k, v in pg.items() if isinstance(v, dict)))  # fmt: skip
+        watch = data.get("watch")
+        key = (data.get("steps"), data.get("backward"), data.get("heartbeats"), seqs, json.dumps(watch))
+        if key != st.key:
+            st.key, st.changed_at = key, now
+        # watched once it shows training activity: a script that never starts a process group, an
+        # optimizer or a heartbeat is not a distributed job this monitor can judge
+        st.seen = st.seen or bool(seqs or data.get("steps") or data.get("backward") or data.get("heartbeats") or watch)
+        st.steps = int(data.get("steps") or 0)
+        durations = data.get("step_durations") or []
+        st.durations = tuple(float(d) for d in durations if isinstance(d, int | float))
+        st.watch = watch
+
+    def check(self, now: float | None = None) -> HangAlarm | None:
+        """Read every progress file once and decide; the first alarm sticks."""
+        if self.alarm is not None:
+            return self.alarm
+        now = self._clock() if now is None else now
+        for rank, path in self.files.items():
+            self.observe(rank, read_progress(path), now)
+        seen = {r: st for r, st in self.ranks.items() if st.seen and st.changed_at is not None}
+        if not seen:
+            return None
+        wall = self._wall()
+        for r, st in seen.items():
+            w = st.watch
+            if isinstance(w, list) and len(w) == 3 and isinstance(w[2], int | float) and isinstance(w[1], int | float):
+                over = wall - w[1]
+                if over > w[2]:
+                    self.alarm = HangAlarm(threshold_s=float(w[2]), stalled_s=over, rank=r,
+                                           reason=f"rank {r} stayed in watch({w[0]!r}) past its timeout")  # fmt: skip
+                    return self.alarm
+        threshold = self.threshold()
+        last = max(st.changed_at for st in seen.values() if st.changed_at is not None)
+        stalled = now - last
+        if stalled >= threshold:
+            kind = "--diag-hang-timeout" if self.fixed is not None else "automatic threshold"
+            self.alarm = HangAlarm(threshold_s=threshold, stalled_s=stalled, reason=kind)
+        return self.alarm
+
+    # -- the timer thread --------------------------------------------------------------------------
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="elastic-diag-health", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(POLL_S):
+            try:
+                if self.check() is not None:
+                    return
+            except Exception:  # the monitor never takes the agent down
+                return
+
+    def stop(self) -> None:
+        self._stop.set()
