@@ -1,12 +1,15 @@
 """Launcher benchmarks (not a timed test): prints figures and ratios.
 
-    python benchmarks/launcher.py overhead [--rounds 3] [--steps 80]
+    python benchmarks/launcher.py overhead [--rounds 6] [--steps 60] [--against torchrun|no-health]
     python benchmarks/launcher.py latency [--repeats 2]
 
 overhead: a healthy 4-rank CPU DDP run of examples/train_ddp.py under plain torchrun and under
 torchrun-diag, interleaved in ABBA order (plain, diag, diag, plain, ...) so that drift of the
 machine cancels, each rank appending its step times; the median step time after a warm-up of 5
-steps, per launcher, their ratio, and the ratio of the per-round medians' median.
+steps, per launcher, their ratio, and the ratio of the per-round medians' median. With
+``--against no-health`` the baseline is torchrun-diag itself with ``--diag-hang-timeout off`` (no
+health monitor in the agent, no progress beacon in the workers): the health monitor's own cost. The
+agent's own CPU time (all its threads, not its workers) is printed for each launcher.
 
 latency: for each crash class, the culprit writes time.time() just before failing (--mark-file);
 this process polls <diag-dir>/report.json every 5 ms and notes when a failed verdict naming the
@@ -47,38 +50,63 @@ def _step_times(path: Path) -> list[float]:
     return out
 
 
-def overhead(rounds: int, steps: int, width: int) -> None:
-    launchers = {
-        "torchrun": [sys.executable, "-m", "torch.distributed.run"],
-        "torchrun-diag": [sys.executable, "-m", "elastic_diag.run"],
-    }
+# Runs the launcher in this process's child and writes the launcher process's own CPU seconds (all its
+# threads: the agent, its health monitor, exit watchers and log tailers; not the workers) to argv[1].
+_CPU_WRAPPER = (
+    "import atexit, resource, runpy, sys\n"
+    "out = sys.argv.pop(1); module = sys.argv.pop(1)\n"
+    "def w():\n"
+    "    u = resource.getrusage(resource.RUSAGE_SELF)\n"
+    "    open(out, 'w').write(repr(u.ru_utime + u.ru_stime))\n"
+    "atexit.register(w)\n"
+    "sys.argv[0] = module\n"
+    "runpy.run_module(module, run_name='__main__', alter_sys=True)\n"
+)
+
+
+def overhead(rounds: int, steps: int, width: int, against: str) -> None:
+    diag = [sys.executable, "-c", _CPU_WRAPPER]
+    if against == "torchrun":
+        launchers = {"torchrun": (["torch.distributed.run"], False), "torchrun-diag": (["elastic_diag.run"], True)}
+    else:
+        launchers = {
+            "diag, health off": (["elastic_diag.run", "--diag-hang-timeout", "off"], True),
+            "torchrun-diag": (["elastic_diag.run"], True),
+        }
+    base, subject = list(launchers)
     samples: dict[str, list[float]] = {k: [] for k in launchers}
+    cpu: dict[str, list[float]] = {k: [] for k in launchers}
     with tempfile.TemporaryDirectory() as tmp:
         order = list(launchers)
         per_round: dict[str, list[float]] = {k: [] for k in launchers}
         for r in range(rounds):
             for name in order if r % 2 == 0 else order[::-1]:
-                cmd = launchers[name]
-                times = Path(tmp) / f"{name}-{r}.txt"
-                extra = ["--diag-dir", str(Path(tmp) / f"diag-{r}")] if name == "torchrun-diag" else []
-                rc = _run([*cmd, *COMMON, *extra, str(EXAMPLE), "--steps", str(steps), "--step-sleep", "0",
-                           "--width", str(width), "--step-times", str(times)])  # fmt: skip
+                (module, *opts), is_diag = launchers[name]
+                times = Path(tmp) / f"{r}-{len(samples[name])}-{name.replace(' ', '_')}.txt"
+                cpu_file = Path(tmp) / f"{times.stem}.cpu"
+                extra = ["--diag-dir", str(Path(tmp) / f"diag-{times.stem}")] if is_diag else []
+                rc = _run([*diag, str(cpu_file), module, *opts, *COMMON, *extra, str(EXAMPLE), "--steps", str(steps),
+                           "--step-sleep", "0", "--width", str(width), "--step-times", str(times)])  # fmt: skip
                 if rc != 0:
                     sys.exit(f"{name} round {r} failed with exit {rc}")
                 samples[name].extend(_step_times(times))
                 med = statistics.median(_step_times(times))
                 per_round[name].append(med)
-                print(f"round {r} {name:14} median step {med * 1e3:.3f} ms", flush=True)
+                cpu[name].append(float(cpu_file.read_text()))
+                print(f"round {r} {name:18} median step {med * 1e3:.3f} ms, launcher CPU {cpu[name][-1]:.2f} s",
+                      flush=True)  # fmt: skip
     med = {k: statistics.median(v) for k, v in samples.items()}
-    ratio = med["torchrun-diag"] / med["torchrun"]
+    ratio = med[subject] / med[base]
     print(
-        f"median step time: torchrun {med['torchrun'] * 1e3:.3f} ms, "
-        f"torchrun-diag {med['torchrun-diag'] * 1e3:.3f} ms "
-        f"({len(samples['torchrun'])} / {len(samples['torchrun-diag'])} samples)"
+        f"median step time: {base} {med[base] * 1e3:.3f} ms, {subject} {med[subject] * 1e3:.3f} ms "
+        f"({len(samples[base])} / {len(samples[subject])} samples)"
     )
-    print(f"overhead ratio (torchrun-diag / torchrun), all steps: {ratio:.4f}  (target <= 1.02)")
-    round_ratio = statistics.median(per_round["torchrun-diag"]) / statistics.median(per_round["torchrun"])
+    target = "1.02" if against == "torchrun" else "1.01"
+    print(f"overhead ratio ({subject} / {base}), all steps: {ratio:.4f}  (target <= {target})")
+    round_ratio = statistics.median(per_round[subject]) / statistics.median(per_round[base])
     print(f"overhead ratio, median of per-round medians: {round_ratio:.4f}")
+    for name in launchers:
+        print(f"launcher process CPU ({name}): median {statistics.median(cpu[name]):.2f} s per run")
 
 
 def _watch_report(path: Path, culprit: int, seen: dict[str, float], stop: threading.Event) -> None:
@@ -128,12 +156,13 @@ def main() -> None:
     o.add_argument("--rounds", type=int, default=6)
     o.add_argument("--steps", type=int, default=60)
     o.add_argument("--width", type=int, default=1024)
+    o.add_argument("--against", choices=("torchrun", "no-health"), default="torchrun")
     lat = sub.add_parser("latency")
     lat.add_argument("--repeats", type=int, default=2)
     lat.add_argument("--grace", type=float, default=5.0)
     a = p.parse_args()
     if a.what == "overhead":
-        overhead(a.rounds, a.steps, a.width)
+        overhead(a.rounds, a.steps, a.width, a.against)
     else:
         latency(a.repeats, a.grace)
 

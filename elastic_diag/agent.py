@@ -259,9 +259,10 @@ class AttemptCapture:
         self.alive_at_decision = alive
         self.decided_at = self._clock()
         silent = self._waiting_for(codes)  # alive with no exception of their own: where are they?
-        if silent:
+        if silent:  # their stacks and flight recorders (the beacon; the faulthandler signal if it is silent)
             targets = {lr: (self.workers[lr].proc.pid, self.workers[lr].layout) for lr in silent}
-            self.stacks = dump_stacks(targets, self.config.stack_timeout_s, sleep=self._sleep)
+            request = f"failure-{self.attempt.attempt}-{self.decided_at:.6f}"
+            self.stacks, _ = request_dumps(targets, self.config.stack_timeout_s, request, sleep=self._sleep)
         self.decided = True
         evidence = self.evidence(final=False)
         self.diagnosis = classify_attempt(evidence)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import pickle
 import re
 import shutil
 import subprocess
@@ -25,6 +26,7 @@ from typing import Any
 
 from elastic_diag.classify import Diagnosis, classify_attempt
 from elastic_diag.evidence import AttemptEvidence, ExceptionRecord, RankEvidence, parse_stack_dump, signal_name
+from elastic_diag.flight_recorder import RankRecord, load_dump, parse_record
 from elastic_diag.logs import (
     SummaryFailure,
     SummaryParser,
@@ -42,6 +44,7 @@ ENV_NO_GREP = "ELASTIC_DIAG_NO_GREP"  # "1": never use the system grep as the pr
 CHUNK = 4 << 20
 MAX_LINE = 64 * 1024  # longer lines are cut before matching
 MAX_HITS_PER_RANK = 64
+FR_MAX_BYTES = 64 << 20
 CONTEXT_LINES = 100
 TAIL_LINES = 20
 # The prefilter: a line is looked at only if it contains one of these. Each costs one C-level pass
@@ -218,6 +221,7 @@ class Analyzer:
         self.sigtermed: set[int] = set()  # pids torch's agent sent a closing signal: alive at teardown
         self.pid_hits: list[tuple[int, Hit]] = []
         self.ds_exits: list[tuple[str | None, int, int]] = []
+        self.flight_records: dict[int, RankRecord] = {}
 
     def rank(self, r: int) -> RankLog:
         if r not in self.ranks:
@@ -324,6 +328,8 @@ class Analyzer:
         if path.name == "report.json":
             self._add_report(path)
             return
+        if ("trace" in path.name or path.suffix in (".pkl", ".pickle")) and self._add_flight_record(path):
+            return
         if path.suffix in (".json", ".pkl", ".pickle", ".tmp"):
             return
         with open(path, "rb") as fp:
@@ -340,6 +346,33 @@ class Analyzer:
             self._scan(fp, idx, file_rank)
         if file_rank is not None:
             self._tail(path, file_rank)
+
+    def _add_flight_record(self, path: Path) -> bool:
+        """A flight-recorder dump (torch's JSON or pickle, or elastic_diag's fr_trace.json); False when
+        the file is not one (it is then read as a log)."""
+        try:
+            if path.stat().st_size > FR_MAX_BYTES:
+                self.skipped.append(f"{path}: flight-recorder dump over {FR_MAX_BYTES} bytes, skipped")
+                return True
+            raw = path.read_bytes()
+        except OSError as e:
+            self.skipped.append(f"{path}: {e.strerror or e}")
+            return True
+        try:
+            data = load_dump(raw)
+        except (ValueError, pickle.UnpicklingError, EOFError, TypeError, IndexError) as e:
+            if raw[:1] in (b"{", b"\x80"):
+                self.skipped.append(f"{path}: not a usable flight-recorder dump ({str(e)[:200]})")
+                return True
+            return False
+        rank = rank_from_path(path)
+        if rank is None:
+            self.skipped.append(f"{path}: flight-recorder dump with no rank in its name, skipped")
+            return True
+        self.flight_records[rank] = parse_record(rank, data)
+        self.rank(rank)
+        self.files.append(str(path))
+        return True
 
     def _learn_local_offsets(self, fp: Any, head: bytes) -> dict[str | None, int]:
         """torchrun's ``[defaultN]:`` is a LOCAL rank: per host prefix (None: none), global - local,
@@ -579,7 +612,7 @@ class Analyzer:
         evidence = self._evidence()
         if not self.ranks and self.unranked:
             diagnosis = _unranked_diagnosis(self.unranked)
-        elif not any(r.failed for r in evidence.ranks) and not self.unranked:
+        elif not any(r.failed for r in evidence.ranks) and not self.unranked and not self.flight_records:
             diagnosis = Diagnosis(
                 failure_class="healthy",
                 summary="No rank reported an error in these logs.",
@@ -659,6 +692,7 @@ class Analyzer:
                     exception=r.exception,
                     stderr_tail=tuple(lines),
                     stack=parse_stack_dump(r.stack) if r.stack else None,
+                    flight_record=self.flight_records.get(r.rank),
                 )
             )
         return AttemptEvidence(attempt=0, ranks=tuple(ranks))

@@ -37,6 +37,7 @@ from typing import Any
 
 ENV_INTERVAL = "ELASTIC_DIAG_PROGRESS_INTERVAL"
 ENV_NO_TORCH_HOOKS = "ELASTIC_DIAG_NO_TORCH_HOOKS"
+ENV_BEACON = "ELASTIC_DIAG_BEACON"
 PROGRESS_FILE = "progress.json"
 FR_FILE = "fr_trace.json"
 NONFINITE_FILE = "nonfinite.json"
@@ -252,13 +253,16 @@ _beacon: Beacon | None = None
 
 
 def start(rank_dir: str, stacks_file: Any) -> Beacon:
+    """The rank's beacon; its thread and hooks only when ``ELASTIC_DIAG_BEACON`` is not ``0`` (the
+    launcher sets 0 with ``--diag-hang-timeout off``; the flight recorder is still written at exit)."""
     global _beacon
     try:
         interval = float(os.environ.get(ENV_INTERVAL, "") or 0.5)
     except ValueError:
         interval = 0.5
     _beacon = Beacon(rank_dir, max(0.05, interval), stacks_file)
-    _beacon.start()
+    if os.environ.get(ENV_BEACON, "1") != "0":
+        _beacon.start()
     return _beacon
 
 

@@ -40,6 +40,9 @@ BOOT_DIR = str(Path(__file__).with_name("_boot"))
 TAIL_BYTES = 64 * 1024
 STACK_BYTES = 256 * 1024
 FR_BYTES = beacon.FR_MAX_BYTES
+# a rank folder reused (the same --diag-dir again) starts without the last run's records
+STALE_FILES = (bootstrap.EXCEPTION_FILE, bootstrap.ERROR_FILE, bootstrap.STACKS_FILE, beacon.PROGRESS_FILE,
+               beacon.FR_FILE, beacon.NONFINITE_FILE, beacon.DUMP_REQUEST_FILE, beacon.DUMP_DONE_FILE)  # fmt: skip
 
 
 @dataclass(slots=True)
@@ -129,7 +132,7 @@ class DiagLogsSpecs(LogsSpecs):
             rank = int(env.get("RANK", local_rank))
             rank_dir = attempt_dir / f"rank_{rank}"
             rank_dir.mkdir(parents=True, exist_ok=True)
-            for stale in (bootstrap.EXCEPTION_FILE, bootstrap.ERROR_FILE, bootstrap.STACKS_FILE):
+            for stale in STALE_FILES:
                 (rank_dir / stale).unlink(missing_ok=True)
             layout.ranks[local_rank] = RankLayout(rank=rank, local_rank=local_rank, dir=rank_dir)
 
@@ -143,6 +146,8 @@ class DiagLogsSpecs(LogsSpecs):
             dest.error_files[local_rank] = error_file
 
             env["TORCHELASTIC_ERROR_FILE"] = error_file
+            for key, value in flight_recorder_env(rank_dir).items():
+                env.setdefault(key, os.environ.get(key, value))
             env[bootstrap.ENV_RANK_DIR] = str(rank_dir)
             env[bootstrap.ENV_BOOT_PATH] = BOOT_DIR
             env["PYTHONPATH"] = os.pathsep.join(p for p in (BOOT_DIR, env.get("PYTHONPATH", python_path)) if p)
@@ -152,6 +157,17 @@ class DiagLogsSpecs(LogsSpecs):
 
     def __repr__(self) -> str:
         return f"DiagLogsSpecs(diag_dir={str(self.diag_dir)!r}, redirects={self._redirects}, tee={self._tee})"
+
+
+def flight_recorder_env(rank_dir: Path) -> dict[str, str]:
+    """The flight recorder on, for gloo (on by default in torch 2.13) and NCCL, NCCL's own dump on a
+    watchdog timeout into the rank's folder (``nccl_trace_rank_<rank>``). A value the user set wins."""
+    return {
+        "TORCH_FR_BUFFER_SIZE": "2000",
+        "TORCH_NCCL_TRACE_BUFFER_SIZE": "2000",
+        "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",
+        "TORCH_NCCL_DEBUG_INFO_TEMP_FILE": str(rank_dir / "nccl_trace_rank_"),
+    }
 
 
 # --- readers: bounded, never raise on a missing or garbled file ---------------------------------
@@ -230,6 +246,8 @@ def read_stack_since(rank_dir: Path, offset: int) -> str:
 def read_flight_record(rank_dir: Path, rank: int) -> tuple[RankRecord | None, str | None]:
     """The rank's flight-recorder dump (``fr_trace.json``) and, when it cannot be used, why."""
     path = rank_dir / beacon.FR_FILE
+    if not path.exists():  # NCCL's own dump on a watchdog timeout (a pickle), when ours is absent
+        path = next(iter(sorted(rank_dir.glob("nccl_trace_rank_*"))), path)
     try:
         size = path.stat().st_size
         if size > FR_BYTES:

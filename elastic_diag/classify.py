@@ -232,7 +232,8 @@ def classify_attempt(
 
     records = {ev.rank: ev.flight_record for ev in evidence.ranks if ev.flight_record is not None}
     schedule = compare(records, sorted(by_rank)).finding if len(records) >= 2 else None
-    if failed or evidence.hang:
+    offline_records = schedule is not None and all(f.state != "succeeded" for f in findings.values())
+    if failed or evidence.hang or offline_records:
         nan = _nonfinite_verdict(evidence, findings, tax)
         if nan is not None:
             return nan
@@ -275,6 +276,9 @@ def classify_attempt(
     ):
         initiating = findings[schedule.ranks[0]]
         reason = f"never entered collective #{schedule.seq} of process group {schedule.group} that its peers waited in"
+    elif evidence.hang is not None and (watched := evidence.hang.get("rank")) in findings:
+        initiating = findings[watched]
+        reason = ""
     elif alive_outside:
         initiating = alive_outside[0]
         reason = ""

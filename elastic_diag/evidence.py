@@ -23,6 +23,7 @@ _COLLECTIVE_PATHS = (
     "/torch/_tensor.py",
 )
 _THREAD_HEADER = re.compile(r"^(?:Current thread|Thread) (0x[0-9a-f]+)(?: \[[^\]]*\])? \(most recent call first\):")
+_STDLIB = re.compile(r"/lib/python\d+\.\d+/(?!site-packages/|dist-packages/)")
 _FRAME = re.compile(r'^\s+File "(?P<file>[^"]+)", line (?P<line>\d+) in (?P<func>.+)$')
 
 
@@ -62,6 +63,7 @@ def _is_user_file(path: str) -> bool:
         "/torch/" not in p
         and "/threading.py" not in p
         and "/site-packages/" not in p
+        and not _STDLIB.search(p)
         and not p.endswith("elastic_diag/beacon.py")  # the backward hook's own frame
         and not p.startswith("<")
     )

@@ -52,10 +52,11 @@ class HangAlarm:
     stalled_s: float
     reason: str
     rank: int | None = None  # a rank past its own watch timeout
+    detected_at: float | None = None  # wall clock
 
     def to_json(self) -> dict[str, Any]:
         return {"threshold_s": round(self.threshold_s, 3), "stalled_s": round(self.stalled_s, 3),
-                "reason": self.reason, "rank": self.rank}  # fmt: skip
+                "reason": self.reason, "rank": self.rank, "detected_at": self.detected_at}  # fmt: skip
 
 
 def read_progress(path: Path) -> dict[str, Any] | None:
@@ -134,7 +135,7 @@ class HealthMonitor:
             if isinstance(w, list) and len(w) == 3 and isinstance(w[2], int | float) and isinstance(w[1], int | float):
                 over = wall - w[1]
                 if over > w[2]:
-                    self.alarm = HangAlarm(threshold_s=float(w[2]), stalled_s=over, rank=r,
+                    self.alarm = HangAlarm(threshold_s=float(w[2]), stalled_s=over, rank=r, detected_at=wall,
                                            reason=f"rank {r} stayed in watch({w[0]!r}) past its timeout")  # fmt: skip
                     return self.alarm
         threshold = self.threshold()
@@ -142,7 +143,7 @@ class HealthMonitor:
         stalled = now - last
         if stalled >= threshold:
             kind = "--diag-hang-timeout" if self.fixed is not None else "automatic threshold"
-            self.alarm = HangAlarm(threshold_s=threshold, stalled_s=stalled, reason=kind)
+            self.alarm = HangAlarm(threshold_s=threshold, stalled_s=stalled, reason=kind, detected_at=wall)
         return self.alarm
 
     # -- the timer thread --------------------------------------------------------------------------

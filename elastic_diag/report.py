@@ -64,6 +64,7 @@ def attempt_entry(record: AttemptRecord) -> dict[str, Any]:
         "diagnosis": record.diagnosis.to_json(),
         "ranks": [rank_entry(ev, roles.get(ev.rank, "unknown")) for ev in record.evidence.ranks],
         "final": record.final,
+        **({"hang": record.evidence.hang} if record.evidence.hang else {}),
     }
 
 

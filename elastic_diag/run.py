@@ -121,6 +121,8 @@ def run_diagnosed(args: argparse.Namespace) -> int:
         hang_timeout=args.diag_hang_timeout,
     )
     config.check_writable()
+    if config.hang_timeout_s == 0:
+        os.environ.setdefault("ELASTIC_DIAG_BEACON", "0")  # the workers inherit it: no beacon thread, no hooks
     _prepare_rdzv(args)
     try:
         launch_config, cmd, cmd_args = config_from_args(args)

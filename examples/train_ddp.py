@@ -13,6 +13,7 @@ import argparse
 import ctypes
 import os
 import queue
+import re
 import signal
 import sys
 import threading
@@ -42,6 +43,7 @@ INJECTIONS = (
     "unused-layer",
     "straggler",
     "slow-first-step",
+    "regex-hang",
 )
 # These change what the culprit does from --at-step on, inside the training step (see train()).
 IN_STEP = ("skip-collective", "extra-collective", "shape-mismatch", "unused-layer", "straggler", "slow-first-step")
@@ -94,6 +96,10 @@ def inject(kind: str, args: argparse.Namespace) -> None:
         deadlocked_loader()
     if kind == "infinite-loop":
         spin()
+    if kind == "regex-hang":
+        # catastrophic backtracking: the regex engine holds the GIL for hours, so no Python thread of
+        # this process runs (only a signal handler written in C can still dump its stack)
+        re.match(r"(a+)+$", "a" * 64 + "!")
 
 
 def deadlocked_loader() -> None:

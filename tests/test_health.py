@@ -1,0 +1,110 @@
+"""The health monitor on real runs: 4 CPU ranks on gloo, the culprit is rank 2, the process-group
+timeout 5 minutes (far away), the hang timeout 5 s. Each case must name rank 2 with the right class
+and the culprit's source line, well before any collective times out."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from conftest import EXAMPLE, ROOT, launch, torchrun_diag
+
+pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(150)]
+
+CULPRIT = 2
+HANG_TIMEOUT = 5.0
+COMMON = ["--standalone", "--nproc-per-node", "4", "--diag-hang-timeout", str(HANG_TIMEOUT)]
+FSDP2 = ROOT / "examples" / "train_fsdp2.py"
+
+
+def args(script: Path, inject: str, *extra: str) -> list[str]:
+    return [str(script), "--inject", inject, "--culprit-rank", str(CULPRIT), "--pg-timeout", "300", *extra]
+
+
+@pytest.mark.parametrize("inject, function", [("deadlock", "deadlocked_loader"), ("infinite-loop", "spin")])
+def test_hang_outside_collectives_is_detected_before_the_collective_timeout(tmp_path, inject, function):
+    mark = tmp_path / "mark"
+    run = launch(torchrun_diag(*COMMON, "--diag-dir", str(tmp_path / "d"), *args(EXAMPLE, inject, "--mark-file",
+                                                                                     str(mark))), tmp_path / "d")  # fmt: skip
+    d = run.report["diagnosis"]
+    assert run.returncode == 1, run.stderr[-3000:]
+    assert (d["failure_class"], d["initiating_rank"]) == ("hang", CULPRIT), d
+    assert f"in {function}" in d["summary"]
+    assert d["collateral_ranks"] == [0, 1, 3]
+    hang = run.report["attempts"][-1]["hang"]
+    latency = hang["detected_at"] - float(mark.read_text())
+    # the culprit stops at its injection; its peers block in their next collective within one step
+    assert latency <= HANG_TIMEOUT + 2.0, latency
+    assert run.seconds < 120  # the process-group timeout (300 s) never came into play
+    stack = run.rank(CULPRIT)["stack"]
+    assert stack and function in stack
+    # every rank's flight recorder was pulled before the group was stopped
+    for r in range(4):
+        fr = json.loads((tmp_path / "d" / "attempt_0" / f"rank_{r}" / "fr_trace.json").read_text())
+        assert fr["reason"] == "hang-request"
+
+
+@pytest.mark.parametrize("inject", ["skip-collective", "extra-collective", "unused-layer"])
+def test_a_rank_that_leaves_the_collective_schedule_is_named(tmp_path, inject):
+    run = launch(torchrun_diag(*COMMON, "--diag-dir", str(tmp_path), *args(EXAMPLE, inject)), tmp_path)
+    d = run.report["diagnosis"]
+    assert (d["failure_class"], d["initiating_rank"]) == ("collective_desync", CULPRIT), d
+    assert d["signature_id"] == "collective-schedule-diverged"
+    assert "train_ddp.py:" in d["summary"]  # the culprit's source line
+    assert any(line.startswith("ranks 0, 1, 3 were at") or line.startswith("rank 0:") for line in d["evidence"])
+
+
+def test_shape_mismatch_names_the_rank_and_both_sides(tmp_path):
+    run = launch(torchrun_diag(*COMMON, "--diag-dir", str(tmp_path), *args(EXAMPLE, "shape-mismatch")), tmp_path)
+    d = run.report["diagnosis"]
+    assert (d["failure_class"], d["initiating_rank"]) == ("collective_mismatch", CULPRIT), d
+    sides = d["collective"]["sides"]
+    assert sides[str(CULPRIT)] == "all_reduce sizes [[2]] Float"
+    assert {sides[str(r)] for r in (0, 1, 3)} == {"all_reduce sizes [[1]] Float"}
+    assert "train_ddp.py" in d["collective"]["source"][str(CULPRIT)]
+    assert run.seconds < 120
+
+
+def test_fsdp2_nan_names_the_rank_whose_loss_went_non_finite_first(tmp_path):
+    run = launch(torchrun_diag(*COMMON, "--diag-dir", str(tmp_path), *args(FSDP2, "nan")), tmp_path)
+    d = run.report["diagnosis"]
+    assert (d["failure_class"], d["initiating_rank"]) == ("nan_inf", CULPRIT), d
+    assert "train_fsdp2.py" in d["summary"]
+    # every rank raised the same error; the others are collateral
+    assert d["collateral_ranks"] == [0, 1, 3]
+    assert all(run.rank(r)["exit_code"] == 1 for r in range(4))
+
+
+def test_a_straggler_is_a_warning_not_a_hang(tmp_path):
+    run = launch(torchrun_diag(*COMMON, "--diag-dir", str(tmp_path), *args(EXAMPLE, "straggler")), tmp_path)
+    assert run.returncode == 0, run.stderr[-3000:]
+    rep = run.report
+    assert rep["status"] == "succeeded"
+    assert "hang" not in rep["attempts"][-1]
+    stragglers = [w for w in rep["warnings"] if w["class"] == "straggler"]
+    assert [w["rank"] for w in stragglers] == [CULPRIT], rep["warnings"]
+    assert "warning (straggler): rank 2" in run.stderr
+
+
+def test_a_slow_first_step_raises_nothing_with_the_automatic_threshold(tmp_path):
+    argv = ["--standalone", "--nproc-per-node", "4", "--diag-dir", str(tmp_path), str(EXAMPLE), "--inject",
+            "slow-first-step", "--straggle-seconds", "8", "--steps", "8"]  # fmt: skip
+    run = launch(torchrun_diag(*argv), tmp_path)
+    assert run.returncode == 0, run.stderr[-3000:]
+    rep = run.report
+    assert rep["status"] == "succeeded" and rep["warnings"] == []
+    assert "hang" not in rep["attempts"][-1]
+
+
+def test_a_rank_holding_the_gil_is_dumped_by_signal_and_the_missing_evidence_is_reported(tmp_path):
+    """Catastrophic regex backtracking holds the GIL: the rank's beacon thread never runs, so its
+    dump request is never answered. The faulthandler signal (C) still gives its stack, within the
+    stack timeout, and the report says what is missing."""
+    run = launch(torchrun_diag(*COMMON, "--diag-dir", str(tmp_path), *args(EXAMPLE, "regex-hang")), tmp_path)
+    d = run.report["diagnosis"]
+    assert (d["failure_class"], d["initiating_rank"]) == ("hang", CULPRIT), d
+    assert "train_ddp.py" in d["summary"] and "in inject" in d["summary"]
+    assert "re/__init__.py" in run.rank(CULPRIT)["stack"]
+    assert any("rank 2: its beacon did not answer" in n for n in run.report["notes"]), run.report["notes"]
+    assert run.seconds < 120
