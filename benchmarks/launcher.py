@@ -2,6 +2,11 @@
 
     python benchmarks/launcher.py overhead [--rounds 6] [--steps 60] [--against torchrun|no-health]
     python benchmarks/launcher.py latency [--repeats 2]
+    python benchmarks/launcher.py beacon-cost
+
+beacon-cost: in one process, the progress beacon's added work measured directly: a tiny model's
+backward + optimizer step with and without the beacon's hooks (interleaved blocks), and the CPU
+time of one beacon tick (progress.json written, flight-recorder status read).
 
 overhead: a healthy 4-rank CPU DDP run of examples/train_ddp.py under plain torchrun and under
 torchrun-diag, interleaved in ABBA order (plain, diag, diag, plain, ...) so that drift of the
@@ -109,6 +114,53 @@ def overhead(rounds: int, steps: int, width: int, against: str) -> None:
         print(f"launcher process CPU ({name}): median {statistics.median(cpu[name]):.2f} s per run")
 
 
+def beacon_cost(steps: int = 3000) -> None:
+    import torch
+    from torch.optim.optimizer import register_optimizer_step_post_hook
+
+    from elastic_diag import beacon
+
+    with tempfile.TemporaryDirectory() as tmp, open(Path(tmp) / "stacks.txt", "w") as stacks:
+        model = torch.nn.Linear(8, 1)
+        opt = torch.optim.SGD(model.parameters(), lr=0.0)
+        x = torch.randn(4, 8)
+
+        def block(n: int) -> float:
+            t0 = time.perf_counter()
+            for _ in range(n):
+                loss = model(x).pow(2).mean()
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+            return (time.perf_counter() - t0) / n
+
+        original = torch.Tensor.backward
+        b = beacon.Beacon(tmp, 0.5, stacks)
+        b._install_torch_hooks()
+        wrapped = torch.Tensor.backward
+        plain, hooked = [], []
+        for _ in range(10):  # interleaved blocks: plain, hooked, plain, ...
+            torch.Tensor.backward = original
+            b.step_hook.remove()
+            plain.append(block(steps // 10))
+            torch.Tensor.backward = wrapped
+            b.step_hook = register_optimizer_step_post_hook(b._on_step)
+            hooked.append(block(steps // 10))
+        torch.Tensor.backward = original
+        b.step_hook.remove()
+        c0 = time.process_time()
+        for _ in range(200):
+            b.tick()
+        tick = (time.process_time() - c0) / 200
+    added = statistics.median(hooked) - statistics.median(plain)
+    print(
+        f"tiny step: {statistics.median(plain) * 1e6:.1f} us plain, {statistics.median(hooked) * 1e6:.1f} us with "
+        f"the optimizer-step hook and the backward wrapper: {added * 1e6:+.1f} us per step"
+    )
+    print(f"one beacon tick: {tick * 1e6:.1f} us CPU; at 2 ticks/s: {tick * 2 * 100:.4f}% of one core per rank")
+    print(f"on the 52 ms step of the overhead benchmark: {(added / 0.052 + tick * 2) * 100:.3f}% added per rank")
+
+
 def _watch_report(path: Path, culprit: int, seen: dict[str, float], stop: threading.Event) -> None:
     while not stop.is_set():
         try:
@@ -157,12 +209,15 @@ def main() -> None:
     o.add_argument("--steps", type=int, default=60)
     o.add_argument("--width", type=int, default=1024)
     o.add_argument("--against", choices=("torchrun", "no-health"), default="torchrun")
+    sub.add_parser("beacon-cost")
     lat = sub.add_parser("latency")
     lat.add_argument("--repeats", type=int, default=2)
     lat.add_argument("--grace", type=float, default=5.0)
     a = p.parse_args()
     if a.what == "overhead":
         overhead(a.rounds, a.steps, a.width, a.against)
+    elif a.what == "beacon-cost":
+        beacon_cost()
     else:
         latency(a.repeats, a.grace)
 

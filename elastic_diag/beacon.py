@@ -27,6 +27,7 @@ from __future__ import annotations
 import contextlib
 import faulthandler
 import json
+import math
 import os
 import sys
 import threading
@@ -66,6 +67,7 @@ class Beacon:
         self.hooks_installed = False
         self.distributed_seen = False
         self.final_dump: str | None = None
+        self.step_hook: Any = None  # the optimizer hook's handle
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self._run, name="elastic-diag-beacon", daemon=True)
 
@@ -154,7 +156,7 @@ class Beacon:
         if optim is None:
             self.hooks_installed = False  # not imported yet: try again next tick
             return
-        optim.register_optimizer_step_post_hook(self._on_step)
+        self.step_hook = optim.register_optimizer_step_post_hook(self._on_step)
         original = torch.Tensor.backward
         beacon = self
 
@@ -182,12 +184,16 @@ class Beacon:
             if tensor.numel() != 1 or not tensor.is_floating_point():
                 return
             self.check_pending_loss()  # the previous step's flag: long computed by now
+            if self.nonfinite_written:
+                return
             frame = sys._getframe(2)
-            where = f"{frame.f_code.co_filename}:{frame.f_lineno} in {frame.f_code.co_name}"
-            flag = tensor.detach().isfinite().all()
-            self.pending_loss = (count, time.time(), flag, where)
-            if tensor.device.type == "cpu":
-                self.check_pending_loss()
+            if tensor.device.type == "cpu":  # a CPU scalar: read it now (a few us)
+                if not math.isfinite(tensor.item()):
+                    self.pending_loss = (count, time.time(), False, _where(frame))
+                    self.check_pending_loss()
+                return
+            # on a device: keep the flag and read it one step later, when it is long computed
+            self.pending_loss = (count, time.time(), tensor.detach().isfinite(), _where(frame))
         except Exception:
             return
 
@@ -216,6 +222,10 @@ class Beacon:
         except (OSError, TypeError, ValueError):
             with contextlib.suppress(OSError):
                 os.unlink(tmp)
+
+
+def _where(frame: Any) -> str:
+    return f"{frame.f_code.co_filename}:{frame.f_lineno} in {frame.f_code.co_name}"
 
 
 def _distributed() -> Any:

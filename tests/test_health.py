@@ -73,7 +73,8 @@ def test_fsdp2_nan_names_the_rank_whose_loss_went_non_finite_first(tmp_path):
     assert "train_fsdp2.py" in d["summary"]
     # every rank raised the same error; the others are collateral
     assert d["collateral_ranks"] == [0, 1, 3]
-    assert all(run.rank(r)["exit_code"] == 1 for r in range(4))
+    # each rank raised on its own (some are SIGTERMed by the teardown while their interpreter exits)
+    assert all("non-finite" in (run.rank(r)["exception"] or {}).get("message", "") for r in range(4))
 
 
 def test_a_straggler_is_a_warning_not_a_hang(tmp_path):
