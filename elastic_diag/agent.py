@@ -27,6 +27,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -62,6 +63,8 @@ logger = logging.getLogger(__name__)
 Clock = Callable[[], float]
 Sleep = Callable[[float], None]
 _POLL_S = 0.02
+NATIVE_STACKS_S = 5.0  # py-spy, all ranks together
+STACK_LIMIT = 256 * 1024
 
 
 class ExitWatcher:
@@ -151,9 +154,32 @@ def request_dumps(
     return stacks, answered
 
 
-def native_stacks(pid: int, rank_dir: Path, timeout: float = 10.0) -> str | None:
+def find_py_spy() -> str | None:
+    """py-spy on PATH, or beside this interpreter (a virtual environment that was not activated)."""
+    beside = Path(sys.executable).with_name("py-spy")
+    return shutil.which("py-spy") or (str(beside) if os.access(beside, os.X_OK) else None)
+
+
+def native_stacks_of(workers: list[tuple[int, Path]], deadline_s: float = NATIVE_STACKS_S) -> int:
+    """py-spy's native stacks of several ranks at once (threads), all within ``deadline_s``; returns
+    how many were written (``pyspy.txt`` in each rank's folder). Nothing when py-spy is absent."""
+    exe = find_py_spy()
+    if exe is None or not workers:
+        return 0
+    threads = [
+        threading.Thread(target=native_stacks, args=(pid, d, deadline_s, exe), daemon=True) for pid, d in workers
+    ]
+    for t in threads:
+        t.start()
+    end = time.monotonic() + deadline_s + 0.5
+    for t in threads:
+        t.join(max(0.0, end - time.monotonic()))
+    return sum(1 for _, d in workers if (d / "pyspy.txt").exists())
+
+
+def native_stacks(pid: int, rank_dir: Path, timeout: float = NATIVE_STACKS_S, exe: str | None = None) -> str | None:
     """py-spy's dump with native frames, when py-spy is installed (saved beside the other evidence)."""
-    exe = shutil.which("py-spy")
+    exe = exe or find_py_spy()
     if exe is None:
         return None
     try:
@@ -165,9 +191,6 @@ def native_stacks(pid: int, rank_dir: Path, timeout: float = 10.0) -> str | None
     with contextlib.suppress(OSError):
         (rank_dir / "pyspy.txt").write_text(text)
     return text
-
-
-STACK_LIMIT = 256 * 1024
 
 
 @dataclass(slots=True)
@@ -289,9 +312,7 @@ class AttemptCapture:
                 f"rank {self.workers[lr].rank}: its beacon did not answer the dump request within {timeout:.1f} s "
                 "(stack from the faulthandler signal, no fresh flight-recorder dump)"
             )
-        for lr in sorted(alive):
-            w = self.workers[lr]
-            native_stacks(w.proc.pid, w.layout.dir)
+        native_stacks_of([(self.workers[lr].proc.pid, self.workers[lr].layout.dir) for lr in sorted(alive)])
         self.decided = True
         evidence = self.evidence(final=False)
         self.diagnosis = classify_attempt(evidence)

@@ -12,6 +12,7 @@
         progress.json            the progress beacon the health monitor reads
         fr_trace.json            the flight recorder's entries (on a dump request, an exception, exit)
         nonfinite.json           the first non-finite loss the rank backpropagated
+        pyspy.txt                native stacks (py-spy, when installed) taken on a hang alarm
 
 and sets each rank's environment so the worker bootstrap (``elastic_diag/_boot``) loads with no
 change to the script. The console still shows every rank's output, through torch's own tailer,
@@ -42,7 +43,8 @@ STACK_BYTES = 256 * 1024
 FR_BYTES = beacon.FR_MAX_BYTES
 # a rank folder reused (the same --diag-dir again) starts without the last run's records
 STALE_FILES = (bootstrap.EXCEPTION_FILE, bootstrap.ERROR_FILE, bootstrap.STACKS_FILE, beacon.PROGRESS_FILE,
-               beacon.FR_FILE, beacon.NONFINITE_FILE, beacon.DUMP_REQUEST_FILE, beacon.DUMP_DONE_FILE)  # fmt: skip
+               beacon.FR_FILE, beacon.NONFINITE_FILE, beacon.DUMP_REQUEST_FILE, beacon.DUMP_DONE_FILE,
+               "pyspy.txt")  # fmt: skip
 
 
 @dataclass(slots=True)

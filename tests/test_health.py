@@ -10,6 +10,8 @@ from pathlib import Path
 import pytest
 from conftest import EXAMPLE, ROOT, launch, torchrun_diag
 
+from elastic_diag.agent import find_py_spy
+
 pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(150)]
 
 CULPRIT = 2
@@ -109,3 +111,6 @@ def test_a_rank_holding_the_gil_is_dumped_by_signal_and_the_missing_evidence_is_
     assert "re/__init__.py" in run.rank(CULPRIT)["stack"]
     assert any("rank 2: its beacon did not answer" in n for n in run.report["notes"]), run.report["notes"]
     assert run.seconds < 120
+    if find_py_spy() is not None:  # native frames too (py-spy is in the test extra)
+        native = (tmp_path / "attempt_0" / f"rank_{CULPRIT}" / "pyspy.txt").read_text()
+        assert "sre" in native.lower() or "match" in native, native[:2000]
