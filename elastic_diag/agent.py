@@ -36,11 +36,11 @@ from pathlib import Path
 from subprocess import Popen
 from typing import Any
 
-from torch.distributed.elastic.agent.server.api import RunResult, WorkerGroup, WorkerState
+from torch.distributed.elastic.agent.server.api import DEFAULT_ROLE, RunResult, WorkerGroup, WorkerState
 from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
 from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
 
-from elastic_diag import beacon, bootstrap
+from elastic_diag import beacon, bootstrap, gate
 from elastic_diag.capture import (
     AttemptLayout,
     DiagLogsSpecs,
@@ -55,7 +55,9 @@ from elastic_diag.capture import (
 from elastic_diag.classify import Diagnosis, classify_attempt, straggler_warnings
 from elastic_diag.config import DiagConfig
 from elastic_diag.evidence import AttemptEvidence, RankEvidence, parse_stack_dump
+from elastic_diag.gate import AttemptOutcome
 from elastic_diag.health import HangAlarm, HealthMonitor, read_progress
+from elastic_diag.report import format_summary
 from elastic_diag.session import DiagSession
 
 logger = logging.getLogger(__name__)
@@ -229,6 +231,7 @@ class AttemptCapture:
         self.finished = False
         self.alive_at_decision: set[int] = set()
         self.problems: list[str] = []
+        self.final_evidence: AttemptEvidence | None = None
         self.stacks: dict[int, str] = {}
         self.diagnosis: Diagnosis | None = None
         self.hang: HangAlarm | None = None
@@ -347,6 +350,7 @@ class AttemptCapture:
             stopped = {lr for lr in alive_at_decision if codes.get(lr) in (-signal.SIGTERM, -signal.SIGKILL)}
         ranks = []
         problems: list[str] = []
+        came_up: bool | None = None
         for lr, w in sorted(self.workers.items()):
             info = read_json(w.layout.path(bootstrap.WORKER_FILE)) or {}
             record, problem = read_flight_record(w.layout.dir, w.rank)
@@ -354,6 +358,8 @@ class AttemptCapture:
                 problems.append(problem)
             progress = read_progress(w.layout.path(beacon.PROGRESS_FILE)) or {}
             durations = tuple(float(d) for d in progress.get("step_durations") or () if isinstance(d, int | float))
+            if progress:
+                came_up = bool(came_up) or _completed_a_collective(progress) or bool(record and record.groups)
             stack_text = self.stacks.get(lr, "")
             start = info.get("start_time")
             ranks.append(
@@ -384,6 +390,7 @@ class AttemptCapture:
             run_id=self.session.run_id,
             decided_at=self.decided_at,
             hang=self.hang.to_json() if self.hang is not None else None,
+            came_up=came_up,
         )
 
     def finish(self, result: RunResult) -> RunResult:
@@ -393,6 +400,7 @@ class AttemptCapture:
             self.health.stop()
         status = "succeeded" if result.state == WorkerState.SUCCEEDED else "failed"
         evidence = self.evidence(final=True)
+        self.final_evidence = evidence
         diagnosis = classify_attempt(evidence)
         self.diagnosis = diagnosis
         for problem in self.problems:
@@ -441,11 +449,23 @@ class AttemptCapture:
 class DiagAgent(LocalElasticAgent):
     """LocalElasticAgent that keeps the evidence of every attempt and names the initiating rank."""
 
-    def __init__(self, *args: Any, session: DiagSession, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, session: DiagSession, print_summary: bool = False, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._session = session
+        self._print_summary = print_summary  # the launch is plain torchrun's: the agent reports at the end
         self._capture: AttemptCapture | None = None
         self._node = socket.gethostname()
+        self._history: list[AttemptOutcome] = []
+
+    def run(self, role: str = DEFAULT_ROLE) -> RunResult:
+        result: RunResult = super().run(role)
+        if self._print_summary:
+            try:
+                report = self._session.finish("succeeded" if result.state == WorkerState.SUCCEEDED else "failed")
+                print(format_summary(report, str(self._session.report_path)), file=sys.stderr)
+            except Exception as e:
+                self._session.internal_error("writing the report at the end of the run", e)
+        return result
 
     def _start_workers(self, worker_group: WorkerGroup) -> dict[int, Any]:
         pids: dict[int, Any] = super()._start_workers(worker_group)
@@ -499,7 +519,129 @@ class DiagAgent(LocalElasticAgent):
                 self._verdict_from_failures(worker_group, result)
             except Exception as e:
                 self._session.internal_error("taking a verdict from torch's failure list", e)
+        if result.state in (WorkerState.FAILED, WorkerState.UNHEALTHY) and self._remaining_restarts > 0:
+            try:
+                self._gate(worker_group)
+            except Exception as e:  # the gate itself failed: no restart storm on a broken gate
+                self._remaining_restarts = 0
+                self._session.internal_error("deciding whether to restart (no restart)", e)
+                self._session.record_gate(self._attempt(worker_group), {"decision": "refused", "reason":
+                                          f"the restart gate failed: {type(e).__name__}: {e}"})  # fmt: skip
         return result
+
+    def _attempt(self, worker_group: WorkerGroup) -> int:
+        return worker_group.spec.max_restarts - self._remaining_restarts
+
+    def _gate(self, worker_group: WorkerGroup) -> None:
+        """Torch would restart now: ask the policy, run the verification controls, and either let the
+        restart happen (with the resume variables for the next attempt) or end the run."""
+        attempt = self._attempt(worker_group)
+        nodes = worker_group.group_world_size or 1
+        if nodes > 1 and worker_group.group_rank != 0:
+            followed = self._follow_gate(worker_group, attempt)
+            if followed is not None:
+                self._apply_gate(attempt, followed, Diagnosis(failure_class="unknown"))
+                return
+        record = self._session.attempts.get(attempt)
+        diagnosis = record.diagnosis if record is not None else Diagnosis(failure_class="unknown")
+        evidence = record.evidence if record is not None else None
+        config = self._session.config
+        outcome = outcome_of(attempt, diagnosis, evidence, config.checkpoint_dir)
+        self._history.append(outcome)
+        policy = self._session.policy or gate.verified
+        decision = gate.ask_policy(policy, self._history)
+        entry: dict[str, Any] = {"attempt": attempt, "policy": config.restart_policy, "failure": outcome.describe(),
+                                 "reason": decision.reason, "controls": []}  # fmt: skip
+        verification_failed = False
+        if decision.restart and decision.verify:
+            specs = list(config.verify) or gate.default_controls(config.checkpoint_dir)
+            out_dir = config.diag_dir / f"attempt_{attempt}" / "gate"
+            out_dir.mkdir(parents=True, exist_ok=True)
+            sig = self._taxonomy_patterns(diagnosis.signature_id)
+            ctx = gate.ControlContext(nproc=worker_group.spec.local_world_size, out_dir=out_dir,
+                                      checkpoint_dir=config.checkpoint_dir, timeout_s=config.verify_timeout_s,
+                                      retries=config.verify_retries, signature_patterns=sig)  # fmt: skip
+            logger.warning("elastic_diag: attempt %s failed (%s); verifying before restart: %s", attempt,
+                           outcome.describe(), ", ".join(specs))  # fmt: skip
+            results = gate.verify(specs, ctx)
+            for i, r in enumerate(results):
+                out_file = out_dir / f"control_{i}_{_slug(r.name)}.log"
+                try:
+                    out_file.write_text(r.output)
+                except OSError:
+                    out_file = None  # type: ignore[assignment]
+                entry["controls"].append(r.to_json(str(out_file) if out_file else None))
+            failed = next((r for r in results if not r.passed), None)
+            if failed is not None:
+                verification_failed = True
+                decision = gate.Decision(False, f"verification failed: {failed.name}: {failed.summary}")
+        entry["decision"] = "restart" if decision.restart else "refused"
+        entry["reason"] = decision.reason
+        entry["verification_failed"] = verification_failed
+        if decision.restart:
+            entry["resume_from"] = str(gate.latest_checkpoint(config.checkpoint_dir) or "") or None
+        if nodes > 1:
+            self._publish_gate(worker_group, attempt, entry)
+        self._apply_gate(attempt, entry, diagnosis)
+
+    def _apply_gate(self, attempt: int, entry: dict[str, Any], diagnosis: Diagnosis) -> None:
+        if entry.get("decision") == "restart":
+            self._prepare_resume(attempt, diagnosis)
+        else:
+            self._remaining_restarts = 0
+            logger.warning("elastic_diag: no restart: %s", entry.get("reason"))
+        self._session.record_gate(attempt, entry)
+
+    def _gate_key(self, attempt: int) -> str:
+        return f"elastic_diag/gate/{self._session.run_id}/{attempt}"
+
+    def _publish_gate(self, worker_group: WorkerGroup, attempt: int, entry: dict[str, Any]) -> None:
+        """One decision for every node: the agent of group rank 0 decides and publishes it."""
+        store: Any = worker_group.store
+        try:
+            store.set(self._gate_key(attempt), json.dumps(entry))
+        except Exception as e:
+            self._session.internal_error("publishing the restart decision to the other nodes", e)
+
+    def _follow_gate(self, worker_group: WorkerGroup, attempt: int) -> dict[str, Any] | None:
+        """The decision of the agent of group rank 0, or None (then this agent decides alone) when it
+        does not come within the controls' worst-case time."""
+        config = self._session.config
+        wait_s = config.verify_timeout_s * (config.verify_retries + 1) * max(1, len(config.verify) or 3) + 60
+        store: Any = worker_group.store
+        try:
+            from datetime import timedelta
+
+            store.wait([self._gate_key(attempt)], timedelta(seconds=wait_s))
+            entry = json.loads(store.get(self._gate_key(attempt)))
+        except Exception as e:
+            self._session.note(f"attempt {attempt}: no restart decision from group rank 0 ({e}); decided locally")
+            return None
+        if not isinstance(entry, dict):
+            return None
+        entry["decided_by"] = "group rank 0"
+        return entry
+
+    def _taxonomy_patterns(self, signature_id: str | None) -> tuple[str, ...]:
+        if not signature_id:
+            return ()
+        from elastic_diag.taxonomy import load_taxonomy
+
+        try:
+            return tuple(p.pattern for p in load_taxonomy().get(signature_id).patterns)
+        except Exception:
+            return ()
+
+    def _prepare_resume(self, attempt: int, diagnosis: Diagnosis) -> None:
+        """What the next attempt's ranks find in their environment (DiagLogsSpecs adds it)."""
+        specs = self._logs_specs
+        if not isinstance(specs, DiagLogsSpecs):
+            return
+        latest = gate.latest_checkpoint(self._session.config.checkpoint_dir)
+        specs.extra_env = {
+            ENV_RESUME_FROM: str(latest) if latest is not None else "",
+            ENV_PREVIOUS_DIAGNOSIS: diagnosis_id(self._session.run_id, attempt, diagnosis),
+        }
 
     def _verdict_from_failures(self, worker_group: WorkerGroup, result: RunResult) -> None:
         """No live capture this attempt: the verdict from exit codes and error files only."""
@@ -507,6 +649,50 @@ class DiagAgent(LocalElasticAgent):
         evidence = evidence_from_failures(restart_count, result.failures, worker_group, self._node)
         self._session.note(f"attempt {restart_count}: verdict from exit codes only (no evidence folder)")
         self._session.record_attempt(evidence, classify_attempt(evidence), status="failed", final=True)
+
+
+def _completed_a_collective(progress: dict[str, Any]) -> bool:
+    for status in (progress.get("pg_status") or {}).values():
+        try:
+            if int(status.get("last_completed_collective", -1)) >= 1:
+                return True
+        except (AttributeError, TypeError, ValueError):
+            continue
+    return bool(progress.get("steps"))
+
+
+ENV_RESUME_FROM = "ELASTIC_DIAG_RESUME_FROM"
+ENV_PREVIOUS_DIAGNOSIS = "ELASTIC_DIAG_PREVIOUS_DIAGNOSIS"
+
+
+def _slug(text: str) -> str:
+    return "".join(c if c.isalnum() else "_" for c in text)[:40] or "control"
+
+
+def diagnosis_id(run_id: str, attempt: int, diagnosis: Diagnosis) -> str:
+    """``<run>/attempt_0/python-exception/rank2``: names a verdict in the previous attempt's report."""
+    what = diagnosis.signature_id or diagnosis.failure_class
+    rank = f"rank{diagnosis.initiating_rank}" if diagnosis.initiating_rank is not None else "rank?"
+    return f"{run_id or 'run'}/attempt_{attempt}/{what}/{rank}"
+
+
+def outcome_of(
+    attempt: int, diagnosis: Diagnosis, evidence: AttemptEvidence | None, ckpt: Path | None
+) -> AttemptOutcome:
+    location = None
+    if evidence is not None and diagnosis.initiating_rank is not None:
+        ev = next((r for r in evidence.ranks if r.rank == diagnosis.initiating_rank), None)
+        location = ev.location() if ev is not None else None
+    return AttemptOutcome(
+        attempt=attempt,
+        failure_class=diagnosis.failure_class,
+        signature_id=diagnosis.signature_id,
+        initiating_rank=diagnosis.initiating_rank,
+        exception_type=diagnosis.exception_type,
+        location=location,
+        retryable=diagnosis.retryable,
+        checkpoint=gate.checkpoint_identity(ckpt),
+    )
 
 
 def evidence_from_failures(

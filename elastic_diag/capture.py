@@ -85,6 +85,7 @@ class DiagLogsSpecs(LogsSpecs):
         self.attempts: dict[int, AttemptLayout] = {}
         self.current: AttemptLayout | None = None  # the layout of the attempt being started, if any
         self.errors: list[str] = []  # failures to lay out the evidence; drained by the agent
+        self.extra_env: dict[str, str] = {}  # the restart gate's resume variables for the next attempt
 
     @property
     def root_log_dir(self) -> str:
@@ -151,6 +152,8 @@ class DiagLogsSpecs(LogsSpecs):
             for key, value in flight_recorder_env(rank_dir).items():
                 env.setdefault(key, os.environ.get(key, value))
             env[bootstrap.ENV_RANK_DIR] = str(rank_dir)
+            env["ELASTIC_DIAG_ATTEMPT"] = str(attempt)
+            env.update(self.extra_env)
             env[bootstrap.ENV_BOOT_PATH] = BOOT_DIR
             env["PYTHONPATH"] = os.pathsep.join(p for p in (BOOT_DIR, env.get("PYTHONPATH", python_path)) if p)
         self.attempts[attempt] = layout

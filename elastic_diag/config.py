@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import time
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -18,6 +19,16 @@ ENV_DIAG_DIR = "ELASTIC_DIAG_DIR"
 ENV_GRACE = "ELASTIC_DIAG_GRACE"
 ENV_STACK_TIMEOUT = "ELASTIC_DIAG_STACK_TIMEOUT"
 ENV_HANG_TIMEOUT = "ELASTIC_DIAG_HANG_TIMEOUT"
+ENV_RESTART_POLICY = "ELASTIC_DIAG_RESTART_POLICY"
+ENV_VERIFY = "ELASTIC_DIAG_VERIFY"  # controls separated by ";"
+ENV_CHECKPOINT_DIR = "ELASTIC_DIAG_CHECKPOINT_DIR"
+ENV_VERIFY_TIMEOUT = "ELASTIC_DIAG_VERIFY_TIMEOUT"
+ENV_CONFIG = "ELASTIC_DIAG_CONFIG"
+DEFAULT_VERIFY_TIMEOUT_S = 120.0
+DEFAULT_VERIFY_RETRIES = 2
+# The settings a [tool.elastic_diag] table may hold (names as in DiagConfig.resolve).
+TOML_KEYS = ("diag_dir", "grace", "stack_timeout", "tail_lines", "hang_timeout", "restart_policy", "verify",
+             "checkpoint_dir", "verify_timeout", "verify_retries")  # fmt: skip
 
 DEFAULT_RUNS_DIR = "elastic_diag_runs"
 DEFAULT_GRACE_S = 5.0
@@ -47,14 +58,38 @@ def parse_hang_timeout(raw: str, source: str = "--diag-hang-timeout") -> float |
     return seconds
 
 
-def _env_float(name: str, default: float) -> float:
-    raw = os.environ.get(name)
-    if raw is None or raw == "":
+def _number(value: object, default: float, what: str) -> float:
+    if value is None or value == "":
         return default
     try:
-        return float(raw)
-    except ValueError as e:
-        raise UsageError(f"{name}={raw!r} is not a number of seconds") from e
+        return float(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError) as e:
+        raise UsageError(f"{what} = {value!r} is not a number") from e
+
+
+def load_toml_settings(path: str | None) -> dict[str, object]:
+    """The ``[tool.elastic_diag]`` table of ``path`` (or of ./pyproject.toml when path is None and it has one)."""
+    import tomllib
+
+    explicit = path is not None
+    file = Path(path) if path is not None else Path.cwd() / "pyproject.toml"
+    if not file.is_file():
+        if explicit:
+            raise UsageError(f"the settings file {str(file)!r} does not exist")
+        return {}
+    try:
+        data = tomllib.loads(file.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as e:
+        if explicit:
+            raise UsageError(f"the settings file {str(file)!r} is not valid TOML: {e}") from e
+        return {}
+    table = data.get("tool", {}).get("elastic_diag", {}) if isinstance(data.get("tool"), dict) else {}
+    if not isinstance(table, dict):
+        raise UsageError(f"{file}: [tool.elastic_diag] must be a table")
+    unknown = sorted(set(table) - set(TOML_KEYS))
+    if unknown:
+        raise UsageError(f"{file}: unknown [tool.elastic_diag] setting(s) {unknown}; known: {', '.join(TOML_KEYS)}")
+    return dict(table)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -72,6 +107,11 @@ class DiagConfig:
     stack_timeout_s: float = DEFAULT_STACK_TIMEOUT_S
     tail_lines: int = DEFAULT_TAIL_LINES
     hang_timeout_s: float | None = None  # None: automatic threshold; 0: health monitor off
+    restart_policy: str = "verified"
+    verify: tuple[str, ...] = ()  # verification controls; () = the defaults (gate.default_controls)
+    checkpoint_dir: Path | None = None
+    verify_timeout_s: float = DEFAULT_VERIFY_TIMEOUT_S
+    verify_retries: int = DEFAULT_VERIFY_RETRIES
 
     def __post_init__(self) -> None:
         if not 0 <= self.grace_s <= 600:
@@ -80,6 +120,10 @@ class DiagConfig:
             raise UsageError(f"--diag-stack-timeout {self.stack_timeout_s}: must be between 0 and 60 seconds")
         if not 1 <= self.tail_lines <= 10_000:
             raise UsageError(f"--diag-tail-lines {self.tail_lines}: must be between 1 and 10000")
+        if not 1 <= self.verify_timeout_s <= 86_400:
+            raise UsageError(f"--diag-verify-timeout {self.verify_timeout_s}: must be between 1 and 86400 seconds")
+        if not 0 <= self.verify_retries <= 20:
+            raise UsageError(f"--diag-verify-retries {self.verify_retries}: must be between 0 and 20")
 
     @classmethod
     def resolve(
@@ -90,23 +134,47 @@ class DiagConfig:
         stack_timeout_s: float | None = None,
         tail_lines: int | None = None,
         hang_timeout: str | None = None,
+        restart_policy: str | None = None,
+        verify: Sequence[str] | None = None,
+        checkpoint_dir: str | None = None,
+        verify_timeout_s: float | None = None,
+        verify_retries: int | None = None,
+        config_file: str | None = None,
     ) -> DiagConfig:
-        """CLI values (None when not given) over environment over defaults."""
-        raw_dir = diag_dir or os.environ.get(ENV_DIAG_DIR)
+        """CLI values (None when not given) over environment over a ``[tool.elastic_diag]`` table
+        (``config_file``, else ``$ELASTIC_DIAG_CONFIG``, else ./pyproject.toml if it has one) over defaults."""
+        toml = load_toml_settings(config_file or os.environ.get(ENV_CONFIG) or None)
+
+        def pick(cli: object, env: str | None, key: str) -> object:
+            if cli is not None:
+                return cli
+            if env is not None and os.environ.get(env, "") != "":
+                return os.environ[env]
+            return toml.get(key)
+
+        raw_dir = pick(diag_dir, ENV_DIAG_DIR, "diag_dir")
+        raw_verify = pick(list(verify) if verify else None, ENV_VERIFY, "verify")
+        if isinstance(raw_verify, str):
+            raw_verify = [v.strip() for v in raw_verify.split(";") if v.strip()]
+        raw_ckpt = pick(checkpoint_dir, ENV_CHECKPOINT_DIR, "checkpoint_dir")
+        raw_hang = pick(hang_timeout, ENV_HANG_TIMEOUT, "hang_timeout")
         return cls(
-            diag_dir=Path(raw_dir).absolute() if raw_dir else default_diag_dir(),
-            grace_s=grace_s if grace_s is not None else _env_float(ENV_GRACE, DEFAULT_GRACE_S),
-            stack_timeout_s=(
-                stack_timeout_s
-                if stack_timeout_s is not None
-                else _env_float(ENV_STACK_TIMEOUT, DEFAULT_STACK_TIMEOUT_S)
-            ),
-            tail_lines=tail_lines if tail_lines is not None else DEFAULT_TAIL_LINES,
-            hang_timeout_s=(
-                parse_hang_timeout(hang_timeout)
-                if hang_timeout is not None
-                else parse_hang_timeout(os.environ.get(ENV_HANG_TIMEOUT, ""), ENV_HANG_TIMEOUT)
-            ),
+            diag_dir=Path(str(raw_dir)).absolute() if raw_dir else default_diag_dir(),
+            grace_s=_number(pick(grace_s, ENV_GRACE, "grace"), DEFAULT_GRACE_S, "grace"),
+            stack_timeout_s=_number(
+                pick(stack_timeout_s, ENV_STACK_TIMEOUT, "stack_timeout"), DEFAULT_STACK_TIMEOUT_S, "stack_timeout"
+            ),  # fmt: skip
+            tail_lines=int(_number(pick(tail_lines, None, "tail_lines"), DEFAULT_TAIL_LINES, "tail_lines")),
+            hang_timeout_s=parse_hang_timeout(str(raw_hang)) if raw_hang is not None else None,
+            restart_policy=str(pick(restart_policy, ENV_RESTART_POLICY, "restart_policy") or "verified"),
+            verify=tuple(str(v) for v in raw_verify) if isinstance(raw_verify, list | tuple) else (),
+            checkpoint_dir=Path(str(raw_ckpt)).absolute() if raw_ckpt else None,
+            verify_timeout_s=_number(
+                pick(verify_timeout_s, ENV_VERIFY_TIMEOUT, "verify_timeout"), DEFAULT_VERIFY_TIMEOUT_S, "verify_timeout"
+            ),  # fmt: skip
+            verify_retries=int(
+                _number(pick(verify_retries, None, "verify_retries"), DEFAULT_VERIFY_RETRIES, "verify_retries")
+            ),  # fmt: skip
         )
 
     def check_writable(self) -> None:

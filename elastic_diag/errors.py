@@ -16,8 +16,8 @@ from __future__ import annotations
 EXIT_OK = 0
 EXIT_FAILED = 1  # the job failed, as plain torchrun exits
 EXIT_USAGE = 2  # a usage error caught before any worker started (argparse uses 2 as well)
-EXIT_RESTART_REFUSED = 3  # reserved: the restart gate refused a restart
-EXIT_VERIFY_FAILED = 4  # reserved: the verification control failed
+EXIT_RESTART_REFUSED = 3  # the job failed and the restart gate refused a restart
+EXIT_VERIFY_FAILED = 4  # the job failed and a verification control failed, so no restart
 
 
 class ElasticDiagError(Exception):

@@ -193,3 +193,4 @@ class AttemptEvidence:
     run_id: str = ""
     decided_at: float | None = None
     hang: dict[str, Any] | None = None  # the health monitor's alarm: threshold_s, stalled_s, reason
+    came_up: bool | None = None  # a collective completed on some rank (None: no beacon to tell)

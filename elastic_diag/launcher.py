@@ -16,12 +16,14 @@ from typing import Any
 from torch.distributed.elastic import events, metrics
 from torch.distributed.elastic.agent.server.api import WorkerSpec
 from torch.distributed.elastic.multiprocessing import SignalException
+from torch.distributed.elastic.multiprocessing.api import Std
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.elastic.rendezvous import RendezvousParameters
 from torch.distributed.elastic.rendezvous import registry as rdzv_registry
 from torch.distributed.launcher.api import LaunchConfig, _get_addr_and_port, _get_entrypoint_name
 
 from elastic_diag.agent import DiagAgent
+from elastic_diag.config import DiagConfig
 from elastic_diag.session import DiagSession
 
 # Restarts with gloo and the shared rendezvous TCPStore fail in torch 2.13 ("Gloo connectFullMesh
@@ -103,3 +105,42 @@ def launch_agent(
     finally:
         if shutdown_rdzv:
             spec.rdzv_handler.shutdown()
+
+
+def elastic_launch(
+    config: LaunchConfig,
+    entrypoint: Callable[..., Any] | str | None,
+    diag: DiagConfig | None = None,
+) -> Callable[..., dict[int, Any]]:
+    """torch's ``elastic_launch(config, entrypoint)(*args)`` with the diagnosis on: the same call,
+    and the report in ``diag.diag_dir`` (default: settings from the environment and TOML, as the CLI).
+
+    The restart gate is the one of ``diag.restart_policy``; a ChildFailedError is raised as torch's
+    own launcher raises it, after report.json is written."""
+
+    def launch(*args: Any) -> dict[int, Any]:
+        from elastic_diag.capture import DiagLogsSpecs
+        from elastic_diag.gate import load_policy
+
+        settings = diag or DiagConfig.resolve()
+        settings.check_writable()
+        session = DiagSession(settings, run_id=config.run_id or "")
+        session.policy = load_policy(settings.restart_policy)
+        old = config.logs_specs
+        if not isinstance(old, DiagLogsSpecs):
+            config.logs_specs = DiagLogsSpecs(
+                log_dir=getattr(old, "_root_log_dir", None),
+                redirects=getattr(old, "_redirects", None) or Std.NONE,
+                tee=getattr(old, "_tee", None) or Std.NONE,
+                local_ranks_filter=getattr(old, "_local_ranks_filter", None),
+                diag_dir=settings.diag_dir,
+            )
+        try:
+            result = launch_agent(config, entrypoint, list(args), session=session)
+        except ChildFailedError:
+            session.finish("failed")
+            raise
+        session.finish("succeeded")
+        return result
+
+    return launch

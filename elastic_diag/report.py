@@ -28,6 +28,7 @@ class AttemptRecord:
     diagnosis: Diagnosis
     status: str  # succeeded | failed
     final: bool  # False while the verdict was taken before teardown and not yet refined
+    gate: dict[str, Any] | None = None  # the restart gate's decision after this attempt, if it was asked
 
 
 def rank_entry(ev: RankEvidence, role: str) -> dict[str, Any]:
@@ -65,6 +66,8 @@ def attempt_entry(record: AttemptRecord) -> dict[str, Any]:
         "ranks": [rank_entry(ev, roles.get(ev.rank, "unknown")) for ev in record.evidence.ranks],
         "final": record.final,
         **({"hang": record.evidence.hang} if record.evidence.hang else {}),
+        **({"gate": record.gate} if record.gate else {}),
+        "came_up": record.evidence.came_up,
     }
 
 
@@ -154,6 +157,15 @@ def format_summary(report: dict[str, Any], report_path: str) -> str:
             lines.append(f"  verify: {d['verify']}")
         if n > 1:
             lines.append(f"  attempts: {n} (each has its own verdict in the report)")
+            if report["attempts"][-1].get("came_up") is False:
+                lines.append(f"  attempt {n - 1} never came up (no collective completed on any rank): the RESTART "
+                             "failed, not the job; attempt 0 has the job's own failure")  # fmt: skip
+        gate = report["attempts"][-1].get("gate") if report["attempts"] else None
+        if gate and gate.get("decision") != "restart":
+            lines.append(f"  restart gate: no restart: {gate.get('reason')}")
+            for c in gate.get("controls", []):
+                lines.append(f"    control {c['name']}: {'passed' if c['passed'] else 'FAILED'}: {c['summary']}"
+                             + (f" (output: {c['output_file']})" if c.get("output_file") else ""))  # fmt: skip
     for w in report.get("warnings", []):
         lines.append(f"  warning ({w.get('class')}): {w.get('summary')}")
     for err in report.get("internal_errors", []):

@@ -16,7 +16,14 @@ import traceback
 import uuid
 from collections.abc import Sequence
 
-from elastic_diag.errors import EXIT_FAILED, EXIT_OK, EXIT_USAGE, UsageError
+from elastic_diag.errors import (
+    EXIT_FAILED,
+    EXIT_OK,
+    EXIT_RESTART_REFUSED,
+    EXIT_USAGE,
+    EXIT_VERIFY_FAILED,
+    UsageError,
+)
 
 logger = logging.getLogger("elastic_diag")
 
@@ -54,6 +61,43 @@ def get_parser() -> argparse.ArgumentParser:
         help="Call a hang when no rank has made progress (steps, backward, collectives, heartbeats) for this "
         "long: take every rank's stacks and flight recorder, then stop the group. 'auto' (default): 10x the "
         "median step time, at least 60 s, 600 s before 3 steps (env ELASTIC_DIAG_HANG_TIMEOUT).",
+    )
+    group.add_argument(
+        "--diag-restart-policy",
+        default=None,
+        metavar="never|always|verified|MODULE:CALLABLE",
+        help="Whether a failed attempt may restart (with --max-restarts): 'verified' (default) restarts only "
+        "a failure that is not deterministic, after the verification controls pass, and never into the same "
+        "failure unless the checkpoint advanced; 'always' is torchrun's behaviour; or your own policy "
+        "(env ELASTIC_DIAG_RESTART_POLICY).",
+    )
+    group.add_argument(
+        "--diag-verify",
+        action="append",
+        default=None,
+        metavar="CONTROL",
+        help="A verification control to pass before a restart (repeatable): collective, checkpoint, disk, "
+        "signature, or a shell command that must exit 0 (default: collective, plus checkpoint and disk with "
+        "--diag-checkpoint-dir).",
+    )
+    group.add_argument(
+        "--diag-checkpoint-dir",
+        default=None,
+        help="Where the job writes its checkpoints: checked by the checkpoint and disk controls; its newest "
+        "entry is passed to the next attempt as ELASTIC_DIAG_RESUME_FROM.",
+    )
+    group.add_argument(
+        "--diag-verify-timeout", type=float, default=None, help="Deadline of each control in seconds (default 120)."
+    )
+    group.add_argument(
+        "--diag-verify-retries", type=int, default=None, help="Retries of a failing control, with backoff (default 2)."
+    )
+    group.add_argument(
+        "--diag-config",
+        default=None,
+        metavar="TOML",
+        help="A TOML file with a [tool.elastic_diag] table of these settings (default: ./pyproject.toml when it "
+        "has one; env ELASTIC_DIAG_CONFIG). The command line and the environment win.",
     )
     group.add_argument(
         "--diag-tail-lines", type=int, default=None, help="Lines of each rank's stderr kept in the report (default 40)."
@@ -108,6 +152,7 @@ def run_diagnosed(args: argparse.Namespace) -> int:
     from elastic_diag.capture import DiagLogsSpecs
     from elastic_diag.classify import classify_launch_error
     from elastic_diag.config import DiagConfig
+    from elastic_diag.gate import load_policy
     from elastic_diag.launcher import launch_agent
     from elastic_diag.report import format_summary
     from elastic_diag.session import DiagSession
@@ -119,7 +164,14 @@ def run_diagnosed(args: argparse.Namespace) -> int:
         stack_timeout_s=args.diag_stack_timeout,
         tail_lines=args.diag_tail_lines,
         hang_timeout=args.diag_hang_timeout,
+        restart_policy=args.diag_restart_policy,
+        verify=args.diag_verify,
+        checkpoint_dir=args.diag_checkpoint_dir,
+        verify_timeout_s=args.diag_verify_timeout,
+        verify_retries=args.diag_verify_retries,
+        config_file=args.diag_config,
     )
+    policy = load_policy(config.restart_policy)
     config.check_writable()
     if config.hang_timeout_s == 0:
         os.environ.setdefault("ELASTIC_DIAG_BEACON", "0")  # the workers inherit it: no beacon thread, no hooks
@@ -129,6 +181,7 @@ def run_diagnosed(args: argparse.Namespace) -> int:
     except (ValueError, RuntimeError, AssertionError) as e:
         raise UsageError(str(e)) from e
     session = DiagSession(config, run_id=launch_config.run_id or "")
+    session.policy = policy
     if args.logs_specs:
         session.note(f"--logs-specs {args.logs_specs} was replaced by elastic_diag's own (it keeps every stream)")
     old = launch_config.logs_specs
@@ -153,7 +206,9 @@ def run_diagnosed(args: argparse.Namespace) -> int:
                 session.internal_error("copying the root cause into the launcher's error file", copy_error)
         print(str(e), file=sys.stderr)
         print(format_summary(report, str(session.report_path)), file=sys.stderr)
-        return EXIT_FAILED
+        return {"refused": EXIT_RESTART_REFUSED, "verification_failed": EXIT_VERIFY_FAILED}.get(
+            session.gate_outcome or "", EXIT_FAILED
+        )
     except BaseException as e:
         text = "".join(traceback.format_exception(e))
         report = session.finish("failed", launch_diagnosis=classify_launch_error(text))

@@ -30,6 +30,8 @@ class DiagSession:
         self.internal_errors: list[str] = []
         self.notes: list[str] = []
         self.warnings: list[dict[str, Any]] = []
+        self.gates: dict[int, dict[str, Any]] = {}  # attempt -> the restart gate's record
+        self.policy: Any = None  # the restart policy (gate.RestartPolicy), loaded at start-up
         self.launch_diagnosis: Diagnosis | None = None
 
     @property
@@ -37,7 +39,8 @@ class DiagSession:
         return self.config.diag_dir / REPORT_FILE
 
     def record_attempt(self, evidence: AttemptEvidence, diagnosis: Diagnosis, *, status: str, final: bool) -> None:
-        record = AttemptRecord(evidence=evidence, diagnosis=diagnosis, status=status, final=final)
+        record = AttemptRecord(evidence=evidence, diagnosis=diagnosis, status=status, final=final,
+                               gate=self.gates.get(evidence.attempt))  # fmt: skip
         self.attempts[evidence.attempt] = record
         attempt_report = build_report(
             run_id=self.run_id, status=status, attempts=[record], diag_dir=str(self.config.diag_dir), node=self.node
@@ -49,6 +52,20 @@ class DiagSession:
         logger.warning("elastic_diag: error while %s: %r (the job is not affected)", what, exc, exc_info=exc)
         self.internal_errors.append(f"{what}: {type(exc).__name__}: {exc}")
         self.write()
+
+    def record_gate(self, attempt: int, record: dict[str, Any]) -> None:
+        self.gates[attempt] = record
+        if attempt in self.attempts:
+            self.attempts[attempt].gate = record
+        self.write()
+
+    @property
+    def gate_outcome(self) -> str | None:
+        """``refused`` / ``verification_failed`` when the gate ended the run, else None."""
+        last = self.gates[max(self.gates)] if self.gates else None
+        if last is None or last.get("decision") == "restart":
+            return None
+        return "verification_failed" if last.get("verification_failed") else "refused"
 
     def warn(self, warning: dict[str, Any]) -> None:
         """Something that deserves attention without having failed the run (a straggler)."""

@@ -1,0 +1,61 @@
+"""The config flag for existing jobs (plain torchrun --rdzv-backend diag+c10d, PET_RDZV_BACKEND) and
+the Python API: the same verdict as torchrun-diag on the same failure."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+from conftest import EXAMPLE, ROOT, launch, plain_torchrun, torchrun_diag
+
+pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(200)]
+
+SCRIPT = [str(EXAMPLE), "--inject", "exception-after-cleanup", "--culprit-rank", "2", "--pg-timeout", "20",
+          "--cleanup-seconds", "3"]  # fmt: skip
+NODE = ["--nnodes", "1", "--nproc-per-node", "4", "--rdzv-endpoint", "127.0.0.1:0"]
+
+
+def verdict(report: dict) -> tuple:
+    d = report["diagnosis"]
+    return d["failure_class"], d["initiating_rank"], d["exception_type"], d["signature_id"]
+
+
+def test_plain_torchrun_with_the_diag_backend_gives_the_same_verdict(tmp_path):
+    diag = launch(torchrun_diag("--standalone", "--nproc-per-node", "4", "--diag-dir", str(tmp_path / "a"), *SCRIPT),
+                  tmp_path / "a")  # fmt: skip
+    plain = launch(plain_torchrun(*NODE, "--rdzv-backend", "diag+c10d", *SCRIPT), tmp_path / "b",
+                   env={"ELASTIC_DIAG_DIR": str(tmp_path / "b")})  # fmt: skip
+    assert verdict(plain.report) == verdict(diag.report) == ("python_exception", 2, "ValueError", "python-exception")
+    assert plain.returncode == 1
+    assert "elastic_diag: job FAILED: initiating rank 2" in plain.stderr
+    assert "started by torchrun --rdzv-backend diag+c10d" in plain.report["notes"][0]
+    # torchrun's own "Root Cause" names the initiating rank too (a waiting rank without elastic_diag)
+    root = plain.stderr[plain.stderr.index("Root Cause") :]
+    assert "rank      : 2" in root[:600], root[:600]
+
+
+def test_the_backend_from_the_environment_as_with_every_torchrun_flag(tmp_path):
+    run = launch(plain_torchrun(*NODE, *SCRIPT[:1], "--inject", "segfault", "--culprit-rank", "1"), tmp_path,
+                 env={"PET_RDZV_BACKEND": "diag+c10d", "ELASTIC_DIAG_DIR": str(tmp_path)})  # fmt: skip
+    assert verdict(run.report)[:2] == ("segfault", 1)
+
+
+def test_the_python_api(tmp_path):
+    code = f"""
+import sys
+from torch.distributed.launcher.api import LaunchConfig
+from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+import elastic_diag
+from elastic_diag.config import DiagConfig
+config = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=2, rdzv_backend="c10d",
+                      rdzv_endpoint="127.0.0.1:0", max_restarts=0, monitor_interval=0.1)
+try:
+    elastic_diag.elastic_launch(config, sys.executable, DiagConfig(diag_dir={str(tmp_path)!r}))(
+        "-u", {str(EXAMPLE)!r}, "--inject", "exit", "--culprit-rank", "1", "--steps", "5")
+except ChildFailedError as e:
+    print("ChildFailedError", e.get_first_failure()[0])
+"""
+    run = launch([sys.executable, "-c", code], tmp_path)
+    assert "ChildFailedError 1" in run.stdout, run.stderr[-3000:]
+    assert verdict(run.report)[:2] == ("silent_exit", 1)
+    assert ROOT
