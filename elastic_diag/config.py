@@ -114,6 +114,11 @@ class DiagConfig:
     verify_retries: int = DEFAULT_VERIFY_RETRIES
 
     def __post_init__(self) -> None:
+        # a str where a Path belongs (the Python API): accept it
+        object.__setattr__(self, "diag_dir", Path(self.diag_dir).absolute())
+        if self.checkpoint_dir is not None:
+            object.__setattr__(self, "checkpoint_dir", Path(self.checkpoint_dir).absolute())
+        object.__setattr__(self, "verify", tuple(self.verify))
         if not 0 <= self.grace_s <= 600:
             raise UsageError(f"--diag-grace {self.grace_s}: must be between 0 and 600 seconds")
         if not 0 <= self.stack_timeout_s <= 60:

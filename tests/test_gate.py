@@ -207,3 +207,19 @@ def test_a_policy_that_does_not_import_is_a_usage_error_before_any_worker(tmp_pa
 def test_report_json_of_the_gate_is_plain_json(tmp_path):
     r = gate.run_control("disk", ctx(tmp_path))
     json.dumps(r.to_json("x.log"))
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(240)
+def test_a_restart_that_never_came_up_is_told_apart_from_the_jobs_failure(tmp_path):
+    """With torch 2.13's shared rendezvous store (sharing forced back on) the restarted attempt dies in
+    gloo's connectFullMesh before any collective: the report says the restart failed, and attempt 0
+    keeps the job's own failure."""
+    run = launch(torchrun_diag(*COMMON, "--max-restarts", "1", "--diag-restart-policy", "always", "--diag-dir",
+                               str(tmp_path), *script("transient")), tmp_path, timeout=200,
+                 env={"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "0"})  # fmt: skip
+    rep = run.report
+    assert [(a["attempt"], a["came_up"]) for a in rep["attempts"]] == [(0, True), (1, False)]
+    assert rep["attempts"][0]["diagnosis"]["initiating_rank"] == 1
+    assert rep["attempts"][0]["diagnosis"]["exception_type"] == "ValueError"
+    assert "attempt 1 never came up" in run.stderr
