@@ -34,7 +34,7 @@ def test_uncaught_exception_is_recorded_with_precise_time(tmp_path):
     assert "KeyError: 'shard-7'" in p.stderr  # the user's own traceback is still printed
     rec = json.loads((tmp_path / "r" / "exception.json").read_text())
     assert rec["type"] == "KeyError" and rec["message"] == "'shard-7'"
-    assert 'line 3, in f' in rec["traceback"]
+    assert "line 3, in f" in rec["traceback"]
     assert before <= rec["time"] <= time.time() and rec["time"] != int(rec["time"])
     err = json.loads((tmp_path / "r" / "error.json").read_text())
     assert err["message"]["message"] == "KeyError: 'shard-7'"  # torchelastic's format, for its summary
@@ -70,7 +70,7 @@ def test_children_do_not_inherit_and_original_sitecustomize_still_runs(tmp_path)
     script.write_text(
         "import os, subprocess, sys, json\n"
         "child = subprocess.run([sys.executable, '-c', 'import os; print(os.environ.get(\"ELASTIC_DIAG_RANK_DIR\"),"
-        " os.environ.get(\"PYTHONPATH\"))'], capture_output=True, text=True).stdout.strip()\n"
+        ' os.environ.get("PYTHONPATH"))\'], capture_output=True, text=True).stdout.strip()\n'
         "print(json.dumps({'child': child, 'orig': os.environ.get('ORIGINAL_SITECUSTOMIZE')}))\n"
     )
     p = subprocess.run([sys.executable, str(script)], env=worker_env(tmp_path / "r", str(site)), capture_output=True,

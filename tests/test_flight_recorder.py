@@ -75,7 +75,8 @@ def test_dumps_in_every_format_and_broken_ones(tmp_path: Path):
     d = dump(schedule(2), 2, 2)
     assert load_dump(json.dumps(d).encode())["entries"]
     assert load_dump(json.dumps({"reason": "exit", "trace": d}).encode())["_reason"] == "exit"
-    assert load_dump(pickle.dumps({**d, "entries": [{**e, "process_group": ("0", "default_pg")} for e in d["entries"]]}))
+    tuples = [{**e, "process_group": ("0", "default_pg")} for e in d["entries"]]
+    assert load_dump(pickle.dumps({**d, "entries": tuples}))
     with pytest.raises(ValueError):
         load_dump(json.dumps(d).encode()[:50])  # truncated
     with pytest.raises(pickle.UnpicklingError):
@@ -169,7 +170,11 @@ FIXTURES = Path(__file__).parent / "fixtures" / "fr"
 
 @pytest.mark.parametrize(
     "case, cls, rank",
-    [("shape-mismatch", "collective_mismatch", 2), ("skip-collective", "collective_desync", 2), ("deadlock", "hang", 2)],
+    [
+        ("shape-mismatch", "collective_mismatch", 2),
+        ("skip-collective", "collective_desync", 2),
+        ("deadlock", "hang", 2),
+    ],
 )
 def test_analyze_reads_a_folder_of_flight_recorder_dumps(case, cls, rank):
     """Dumps taken by elastic_diag on real 4-rank gloo runs (skip-collective: rank 1 aborted and left none)."""
@@ -203,8 +208,9 @@ def test_a_rank_that_answers_nothing_costs_at_most_the_timeout(tmp_path: Path):
     from elastic_diag.agent import request_dumps
     from elastic_diag.capture import RankLayout
 
-    proc = subprocess.Popen([sys.executable, "-c", "import signal, time; signal.signal(signal.SIGURG, signal.SIG_IGN); "
-                             "print('ready', flush=True); time.sleep(60)"], stdout=subprocess.PIPE, text=True)  # fmt: skip
+    code = "import signal, time; signal.signal(signal.SIGURG, signal.SIG_IGN); print('ready', flush=True); "
+    code += "time.sleep(60)"
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
     try:
         assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
         layout = RankLayout(rank=0, local_rank=0, dir=tmp_path)
@@ -223,6 +229,7 @@ def test_a_rank_that_answers_nothing_costs_at_most_the_timeout(tmp_path: Path):
 def test_a_huge_stack_file_is_read_bounded(tmp_path: Path):
     from elastic_diag.capture import STACK_BYTES, read_stack_since
 
-    (tmp_path / "stacks.txt").write_text("Thread 0x1 (most recent call first):\n" + '  File "x.py", line 1 in f\n' * 400_000)
+    frames = '  File "x.py", line 1 in f\n' * 400_000
+    (tmp_path / "stacks.txt").write_text("Thread 0x1 (most recent call first):\n" + frames)
     text = read_stack_since(tmp_path, 0)
     assert len(text.encode()) <= STACK_BYTES

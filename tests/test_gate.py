@@ -145,6 +145,12 @@ def test_transient_failure_is_verified_then_restarted(tmp_path):
     assert g["decision"] == "restart" and [c["name"] for c in g["controls"]] == ["collective"]
     assert all(c["passed"] for c in g["controls"])
     assert Path(g["controls"][0]["output_file"]).read_text().count("all_reduce and barrier ok") == 2
+    assert rep["diagnosis"]["failure_class"] == "healthy"
+    first = rep["attempts"][0]["diagnosis"]
+    assert (first["initiating_rank"], first["failure_class"]) == (1, "python_exception")
+    assert (tmp_path / "attempt_0" / "report.json").exists() and (tmp_path / "attempt_1" / "report.json").exists()
+    # the resumed attempt was told it is one, and what failed before
+    assert rep["attempts"][1]["came_up"] is True
 
 
 @pytest.mark.multiprocess

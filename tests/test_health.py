@@ -27,8 +27,8 @@ def args(script: Path, inject: str, *extra: str) -> list[str]:
 @pytest.mark.parametrize("inject, function", [("deadlock", "deadlocked_loader"), ("infinite-loop", "spin")])
 def test_hang_outside_collectives_is_detected_before_the_collective_timeout(tmp_path, inject, function):
     mark = tmp_path / "mark"
-    run = launch(torchrun_diag(*COMMON, "--diag-dir", str(tmp_path / "d"), *args(EXAMPLE, inject, "--mark-file",
-                                                                                     str(mark))), tmp_path / "d")  # fmt: skip
+    argv = torchrun_diag(*COMMON, "--diag-dir", str(tmp_path / "d"), *args(EXAMPLE, inject, "--mark-file", str(mark)))
+    run = launch(argv, tmp_path / "d")
     d = run.report["diagnosis"]
     assert run.returncode == 1, run.stderr[-3000:]
     assert (d["failure_class"], d["initiating_rank"]) == ("hang", CULPRIT), d
@@ -92,7 +92,7 @@ def test_a_straggler_is_a_warning_not_a_hang(tmp_path):
 
 def test_a_slow_first_step_raises_nothing_with_the_automatic_threshold(tmp_path):
     argv = ["--standalone", "--nproc-per-node", "4", "--diag-dir", str(tmp_path), str(EXAMPLE), "--inject",
-            "slow-first-step", "--straggle-seconds", "8", "--steps", "8"]  # fmt: skip
+            "slow-first-step", "--straggle-seconds", "4", "--steps", "8"]  # fmt: skip
     run = launch(torchrun_diag(*argv), tmp_path)
     assert run.returncode == 0, run.stderr[-3000:]
     rep = run.report

@@ -52,8 +52,11 @@ def test_nccl_watchdog_fields_are_parsed():
     "text, message",
     [
         ("[[signature]]\nid='x'", "lacks the required field"),
-        ("[[signature]]\nid='x'\nclass='nope'\ntitle='t'\nrole_hint='initiating'\nretryable=true\n"
-         "meaning='m'\nfix='f'\nverify='v'", "unknown class"),
+        (
+            "[[signature]]\nid='x'\nclass='nope'\ntitle='t'\nrole_hint='initiating'\nretryable=true\n"
+            "meaning='m'\nfix='f'\nverify='v'",
+            "unknown class",
+        ),
         ("[[signature]\n", "not valid TOML"),
         ("[[signature]]\nid='x'\nbogus=1", "unknown fields"),
     ],
