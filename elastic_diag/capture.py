@@ -87,6 +87,20 @@ class DiagLogsSpecs(LogsSpecs):
         self.errors: list[str] = []  # failures to lay out the evidence; drained by the agent
         self.extra_env: dict[str, str] = {}  # the restart gate's resume variables for the next attempt
 
+    @classmethod
+    def replacing(cls, old: object, diag_dir: str | os.PathLike[str]) -> DiagLogsSpecs:
+        """Ours in place of the launch's own LogsSpecs, keeping its --log-dir, --redirects, --tee and
+        --local-ranks-filter (for the console; every stream is kept on disk anyway)."""
+        if isinstance(old, DiagLogsSpecs):
+            return old
+        return cls(
+            log_dir=getattr(old, "_root_log_dir", None),
+            redirects=getattr(old, "_redirects", None) or Std.NONE,
+            tee=getattr(old, "_tee", None) or Std.NONE,
+            local_ranks_filter=getattr(old, "_local_ranks_filter", None),
+            diag_dir=diag_dir,
+        )
+
     @property
     def root_log_dir(self) -> str:
         return str(self.diag_dir)

@@ -64,7 +64,7 @@ def _number(value: object, default: float, what: str) -> float:
     try:
         return float(value)  # type: ignore[arg-type]
     except (TypeError, ValueError) as e:
-        raise UsageError(f"{what} = {value!r} is not a number") from e
+        raise UsageError(f"{what}={value!r} is not a number") from e
 
 
 def load_toml_settings(path: str | None) -> dict[str, object]:
@@ -150,12 +150,20 @@ class DiagConfig:
         (``config_file``, else ``$ELASTIC_DIAG_CONFIG``, else ./pyproject.toml if it has one) over defaults."""
         toml = load_toml_settings(config_file or os.environ.get(ENV_CONFIG) or None)
 
+        sources: dict[str, str] = {}  # setting -> where its value came from, for error messages
+
         def pick(cli: object, env: str | None, key: str) -> object:
             if cli is not None:
+                sources[key] = f"--diag-{key.replace('_', '-')}"
                 return cli
             if env is not None and os.environ.get(env, "") != "":
+                sources[key] = env
                 return os.environ[env]
+            sources[key] = f"[tool.elastic_diag] {key}"
             return toml.get(key)
+
+        def number(cli: object, env: str | None, key: str, default: float) -> float:
+            return _number(pick(cli, env, key), default, sources.get(key, key))
 
         raw_dir = pick(diag_dir, ENV_DIAG_DIR, "diag_dir")
         raw_verify = pick(list(verify) if verify else None, ENV_VERIFY, "verify")
@@ -165,21 +173,15 @@ class DiagConfig:
         raw_hang = pick(hang_timeout, ENV_HANG_TIMEOUT, "hang_timeout")
         return cls(
             diag_dir=Path(str(raw_dir)).absolute() if raw_dir else default_diag_dir(),
-            grace_s=_number(pick(grace_s, ENV_GRACE, "grace"), DEFAULT_GRACE_S, "grace"),
-            stack_timeout_s=_number(
-                pick(stack_timeout_s, ENV_STACK_TIMEOUT, "stack_timeout"), DEFAULT_STACK_TIMEOUT_S, "stack_timeout"
-            ),  # fmt: skip
-            tail_lines=int(_number(pick(tail_lines, None, "tail_lines"), DEFAULT_TAIL_LINES, "tail_lines")),
+            grace_s=number(grace_s, ENV_GRACE, "grace", DEFAULT_GRACE_S),
+            stack_timeout_s=number(stack_timeout_s, ENV_STACK_TIMEOUT, "stack_timeout", DEFAULT_STACK_TIMEOUT_S),
+            tail_lines=int(number(tail_lines, None, "tail_lines", DEFAULT_TAIL_LINES)),
             hang_timeout_s=parse_hang_timeout(str(raw_hang)) if raw_hang is not None else None,
             restart_policy=str(pick(restart_policy, ENV_RESTART_POLICY, "restart_policy") or "verified"),
             verify=tuple(str(v) for v in raw_verify) if isinstance(raw_verify, list | tuple) else (),
             checkpoint_dir=Path(str(raw_ckpt)).absolute() if raw_ckpt else None,
-            verify_timeout_s=_number(
-                pick(verify_timeout_s, ENV_VERIFY_TIMEOUT, "verify_timeout"), DEFAULT_VERIFY_TIMEOUT_S, "verify_timeout"
-            ),  # fmt: skip
-            verify_retries=int(
-                _number(pick(verify_retries, None, "verify_retries"), DEFAULT_VERIFY_RETRIES, "verify_retries")
-            ),  # fmt: skip
+            verify_timeout_s=number(verify_timeout_s, ENV_VERIFY_TIMEOUT, "verify_timeout", DEFAULT_VERIFY_TIMEOUT_S),
+            verify_retries=int(number(verify_retries, None, "verify_retries", DEFAULT_VERIFY_RETRIES)),
         )
 
     def check_writable(self) -> None:

@@ -16,7 +16,6 @@ from typing import Any
 from torch.distributed.elastic import events, metrics
 from torch.distributed.elastic.agent.server.api import WorkerSpec
 from torch.distributed.elastic.multiprocessing import SignalException
-from torch.distributed.elastic.multiprocessing.api import Std
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.elastic.rendezvous import RendezvousParameters
 from torch.distributed.elastic.rendezvous import registry as rdzv_registry
@@ -126,15 +125,7 @@ def elastic_launch(
         settings.check_writable()
         session = DiagSession(settings, run_id=config.run_id or "")
         session.policy = load_policy(settings.restart_policy)
-        old = config.logs_specs
-        if not isinstance(old, DiagLogsSpecs):
-            config.logs_specs = DiagLogsSpecs(
-                log_dir=getattr(old, "_root_log_dir", None),
-                redirects=getattr(old, "_redirects", None) or Std.NONE,
-                tee=getattr(old, "_tee", None) or Std.NONE,
-                local_ranks_filter=getattr(old, "_local_ranks_filter", None),
-                diag_dir=settings.diag_dir,
-            )
+        config.logs_specs = DiagLogsSpecs.replacing(config.logs_specs, settings.diag_dir)
         try:
             result = launch_agent(config, entrypoint, list(args), session=session)
         except ChildFailedError:

@@ -24,7 +24,6 @@ from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
-from torch.distributed.elastic.multiprocessing.api import Std
 from torch.distributed.elastic.rendezvous.api import RendezvousHandler, RendezvousInfo, RendezvousParameters
 
 logger = logging.getLogger(__name__)
@@ -109,15 +108,7 @@ def select_diag_agent(run_id: str) -> None:
         session = DiagSession(config, run_id=run_id)
         session.policy = load_policy(config.restart_policy)
         session.note(f"started by torchrun --rdzv-backend {BACKEND} at {datetime.now().isoformat(timespec='seconds')}")
-        specs = kwargs.get("logs_specs")
-        if not isinstance(specs, DiagLogsSpecs):
-            kwargs["logs_specs"] = DiagLogsSpecs(
-                log_dir=getattr(specs, "_root_log_dir", None),
-                redirects=getattr(specs, "_redirects", None) or Std.NONE,
-                tee=getattr(specs, "_tee", None) or Std.NONE,
-                local_ranks_filter=getattr(specs, "_local_ranks_filter", None),
-                diag_dir=config.diag_dir,
-            )
+        kwargs["logs_specs"] = DiagLogsSpecs.replacing(kwargs.get("logs_specs"), config.diag_dir)
         return DiagAgent(*args, session=session, print_summary=True, **kwargs)
 
     build._elastic_diag_factory = True  # type: ignore[attr-defined]

@@ -184,14 +184,7 @@ def run_diagnosed(args: argparse.Namespace) -> int:
     session.policy = policy
     if args.logs_specs:
         session.note(f"--logs-specs {args.logs_specs} was replaced by elastic_diag's own (it keeps every stream)")
-    old = launch_config.logs_specs
-    launch_config.logs_specs = DiagLogsSpecs(
-        log_dir=args.log_dir,
-        redirects=old._redirects,  # type: ignore[union-attr]
-        tee=old._tee,  # type: ignore[union-attr]
-        local_ranks_filter=old._local_ranks_filter,  # type: ignore[union-attr]
-        diag_dir=config.diag_dir,
-    )
+    launch_config.logs_specs = DiagLogsSpecs.replacing(launch_config.logs_specs, config.diag_dir)
     error_handler = ErrorHandler()
     error_handler.initialize()
     try:

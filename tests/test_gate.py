@@ -218,14 +218,22 @@ def test_report_json_of_the_gate_is_plain_json(tmp_path):
 @pytest.mark.multiprocess
 @pytest.mark.timeout(240)
 def test_a_restart_that_never_came_up_is_told_apart_from_the_jobs_failure(tmp_path):
-    """With torch 2.13's shared rendezvous store (sharing forced back on) the restarted attempt dies in
-    gloo's connectFullMesh before any collective: the report says the restart failed, and attempt 0
-    keeps the job's own failure."""
-    run = launch(torchrun_diag(*COMMON, "--max-restarts", "1", "--diag-restart-policy", "always", "--diag-dir",
-                               str(tmp_path), *script("transient")), tmp_path, timeout=200,
-                 env={"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "0"})  # fmt: skip
-    rep = run.report
-    assert [(a["attempt"], a["came_up"]) for a in rep["attempts"]] == [(0, True), (1, False)]
-    assert rep["attempts"][0]["diagnosis"]["initiating_rank"] == 1
-    assert rep["attempts"][0]["diagnosis"]["exception_type"] == "ValueError"
-    assert "attempt 1 never came up" in run.stderr
+    """With torch 2.13's shared rendezvous store (sharing forced back on) the restarted attempt usually
+    dies in gloo's connectFullMesh before any collective (stale keys of the previous round; a race, so
+    up to 3 tries): the report says the restart failed, and attempt 0 keeps the job's own failure. When
+    the restart does come up, it must be marked so and the job succeed."""
+    for i in range(3):
+        diag = tmp_path / str(i)
+        run = launch(torchrun_diag(*COMMON, "--max-restarts", "1", "--diag-restart-policy", "always", "--diag-dir",
+                                   str(diag), *script("transient")), diag, timeout=200,
+                     env={"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "0"})  # fmt: skip
+        rep = run.report
+        assert rep["attempts"][0]["came_up"] is True
+        assert rep["attempts"][0]["diagnosis"]["initiating_rank"] == 1
+        assert rep["attempts"][0]["diagnosis"]["exception_type"] == "ValueError"
+        if rep["attempts"][1]["came_up"] is False:
+            assert rep["status"] == "failed"
+            assert "attempt 1 never came up" in run.stderr
+            return
+        assert rep["status"] == "succeeded" and "never came up" not in run.stderr
+    pytest.skip("torch's shared-store restart came up 3 times out of 3: the failure to come up was not reproduced")
