@@ -531,20 +531,8 @@ def _schedule_verdict(
             break
     if evidence.hang is not None:
         lines.append(_hang_line(evidence.hang))
-    return Diagnosis(
-        failure_class=cls,
-        initiating_rank=rank,
-        initiating_node=ev.node or None,
-        signature_id=sig.id,
-        summary=summary,
-        evidence=tuple(lines[:MAX_EVIDENCE_LINES]),
-        fix=sig.fix,
-        verify=sig.verify,
-        collateral_ranks=tuple(collateral),
-        roles=roles,
-        retryable=sig.retryable,
-        collective=_finding_json(finding, evidence) if finding is not None else None,
-    )
+    collective = _finding_json(finding, evidence) if finding is not None else None
+    return _named(sig, cls, ev, summary, lines, roles, collective=collective)
 
 
 def _nonfinite_verdict(evidence: AttemptEvidence, findings: dict[int, RankFinding], tax: Taxonomy) -> Diagnosis | None:
@@ -579,19 +567,36 @@ def _nonfinite_verdict(evidence: AttemptEvidence, findings: dict[int, RankFindin
         summary += f" Ranks {_fmt_ranks(collateral)} then failed on the non-finite values."
     lines = [f"rank {rank}: loss.backward() on a non-finite loss (backward #{backward}) at {nf.get('where')}"]
     lines.extend(f"rank {f.rank}: {f.lines[0]}" for f in findings.values() if f.rank != rank and f.lines)
+    return _named(sig, "nan_inf", ev, summary, lines, roles,
+                  exception_type=ev.exception.type if ev.exception else None)  # fmt: skip
+
+
+def _named(
+    sig: Signature,
+    cls: str,
+    ev: RankEvidence,
+    summary: str,
+    lines: list[str],
+    roles: dict[int, str],
+    *,
+    exception_type: str | None = None,
+    collective: dict[str, object] | None = None,
+) -> Diagnosis:
+    """A verdict naming ``ev``'s rank, with the signature's fix and verification."""
     return Diagnosis(
-        failure_class="nan_inf",
-        initiating_rank=rank,
+        failure_class=cls,
+        initiating_rank=ev.rank,
         initiating_node=ev.node or None,
-        exception_type=ev.exception.type if ev.exception else None,
+        exception_type=exception_type,
         signature_id=sig.id,
         summary=summary,
         evidence=tuple(lines[:MAX_EVIDENCE_LINES]),
         fix=sig.fix,
         verify=sig.verify,
-        collateral_ranks=tuple(collateral),
+        collateral_ranks=tuple(sorted(r for r, role in roles.items() if role == "collateral")),
         roles=roles,
         retryable=sig.retryable,
+        collective=collective,
     )
 
 
