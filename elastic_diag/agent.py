@@ -31,7 +31,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from subprocess import Popen
 from typing import Any
@@ -39,8 +39,9 @@ from typing import Any
 from torch.distributed.elastic.agent.server.api import DEFAULT_ROLE, RunResult, WorkerGroup, WorkerState
 from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
 from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
+from torch.distributed.elastic.rendezvous.api import RendezvousTimeoutError
 
-from elastic_diag import beacon, bootstrap, gate
+from elastic_diag import beacon, bootstrap, gate, nodes
 from elastic_diag.capture import (
     AttemptLayout,
     DiagLogsSpecs,
@@ -216,8 +217,10 @@ class AttemptCapture:
         session: DiagSession,
         clock: Clock = time.time,
         sleep: Sleep = time.sleep,
+        cluster: Cluster | None = None,
     ) -> None:
         self.attempt = attempt
+        self.cluster = cluster
         self.workers = {w.local_rank: w for w in workers}
         self.node = node
         self.config = config
@@ -408,9 +411,38 @@ class AttemptCapture:
         for warning in straggler_warnings(evidence):
             self.session.warnings.append(warning)
         self.session.record_attempt(evidence, diagnosis, status=status, final=True)
+        if self.cluster is not None and status == "failed":
+            try:
+                diagnosis = self._global_verdict(evidence, diagnosis, status)
+            except Exception as e:
+                self.session.internal_error("merging the other nodes' records (the local verdict stands)", e)
         if status == "failed" and diagnosis.initiating_rank is not None:
             result.failures = self._corrected_failures(result.failures, evidence, diagnosis)
         return result
+
+    def _global_verdict(self, evidence: AttemptEvidence, local: Diagnosis, status: str) -> Diagnosis:
+        """Publish this node's record, read every node's (bounded), and record the merged verdict."""
+        c = self.cluster
+        assert c is not None
+        n = self.attempt.attempt
+        c.exchange.publish(n, c.group_rank, nodes.record_of(evidence, node=self.node, group_rank=c.group_rank,
+                                                            offset=c.offset))  # fmt: skip
+        records, problems = c.exchange.records(n, c.world, self.config.grace_s + 15.0, offset=c.offset)
+        hellos = c.exchange.hellos(c.world, 2.0)
+        merged = nodes.merge(n, records, c.world, hellos, problems)
+        for p in merged.problems:
+            self.session.note(f"attempt {n}: {p}")
+        if len(records) <= 1 and not merged.missing:
+            return local
+        info = {"nodes": merged.nodes, "missing_group_ranks": merged.missing, "clock_offset_s": round(c.offset, 6),
+                "local_diagnosis": local.to_json(), "store_bytes_sent": c.exchange.bytes_sent,
+                "store_bytes_read": c.exchange.bytes_read}  # fmt: skip
+        self.session.record_attempt(merged.evidence, merged.diagnosis, status=status, final=True, cluster=info)
+        # the leader hosts the store: it stays until every node has read (bounded)
+        c.exchange.done(n, c.group_rank)
+        if c.group_rank == 0:
+            c.exchange.wait_done(n, c.world, 10.0)
+        return merged.diagnosis
 
     def _corrected_failures(
         self, failures: dict[int, ProcessFailure], evidence: AttemptEvidence, diagnosis: Diagnosis
@@ -455,6 +487,7 @@ class DiagAgent(LocalElasticAgent):
         self._print_summary = print_summary  # the launch is plain torchrun's: the agent reports at the end
         self._capture: AttemptCapture | None = None
         self._node = socket.gethostname()
+        self._clock = skewed_clock()
         self._history: list[AttemptOutcome] = []
 
     def run(self, role: str = DEFAULT_ROLE) -> RunResult:
@@ -466,6 +499,13 @@ class DiagAgent(LocalElasticAgent):
             except Exception as e:
                 self._session.internal_error("writing the report at the end of the run", e)
         return result
+
+    def _rendezvous(self, worker_group: WorkerGroup) -> None:
+        try:
+            super()._rendezvous(worker_group)
+        except RendezvousTimeoutError:
+            self._session.launch_context = rendezvous_context(worker_group.spec.rdzv_handler, self._node)
+            raise
 
     def _start_workers(self, worker_group: WorkerGroup) -> dict[int, Any]:
         pids: dict[int, Any] = super()._start_workers(worker_group)
@@ -493,9 +533,35 @@ class DiagAgent(LocalElasticAgent):
                     layout=layout.ranks[w.local_rank])
             for w in worker_group.workers
         ]  # fmt: skip
-        return AttemptCapture(
-            attempt=layout, workers=workers, node=self._node, config=self._session.config, session=self._session
-        )
+        world = worker_group.group_world_size or 1
+        node = nodes.node_label(self._node, worker_group.group_rank or 0, world)
+        cluster = self._join_cluster(worker_group, layout.attempt, node) if world > 1 else None
+        return AttemptCapture(attempt=layout, workers=workers, node=node, config=self._session.config,
+                              session=self._session, clock=self._clock, cluster=cluster)  # fmt: skip
+
+    def _join_cluster(self, worker_group: WorkerGroup, attempt: int, node: str) -> Cluster | None:
+        """Several nodes: say who is where, and measure this node's clock against the leader's."""
+        group_rank, world = worker_group.group_rank or 0, worker_group.group_world_size or 1
+        try:
+            exchange = nodes.StoreExchange(worker_group.store, self._session.run_id, clock=self._clock)
+            ranks = [w.global_rank for w in worker_group.workers]
+            exchange.hello(group_rank, {"node": node, "group_rank": group_rank, "ranks": ranks, "pid": os.getpid()})
+            offset = 0.0
+            if group_rank == 0:
+                threading.Thread(target=exchange.answer_pings, args=(world, attempt, 60.0), daemon=True,
+                                 name="elastic-diag-clock").start()  # fmt: skip
+            else:
+                measured = exchange.measure_offset(group_rank, attempt, 10.0)
+                if measured is None:
+                    self._session.note(f"attempt {attempt}: no clock reply from node 0; times left uncorrected")
+                else:
+                    offset = measured
+            cluster = Cluster(exchange=exchange, group_rank=group_rank, world=world, offset=offset)
+            threading.Thread(target=cluster.beat_forever, daemon=True, name="elastic-diag-beat").start()
+            return cluster
+        except Exception as e:
+            self._session.internal_error("joining the other nodes through the rendezvous store", e)
+            return None
 
     def _monitor_workers(self, worker_group: WorkerGroup) -> RunResult:
         capture = self._capture
@@ -659,6 +725,62 @@ def _completed_a_collective(progress: dict[str, Any]) -> bool:
         except (AttributeError, TypeError, ValueError):
             continue
     return bool(progress.get("steps"))
+
+
+def rendezvous_context(handler: Any, node: str) -> dict[str, Any]:
+    """What a rendezvous that timed out knew: the nodes that joined, how many it needed, the timeout.
+    Read from torch's dynamic rendezvous (private state, so every field is optional)."""
+    out: dict[str, Any] = {"this_node": node}
+    settings = getattr(handler, "_settings", None)
+    if settings is not None:
+        out["min_nodes"], out["max_nodes"] = getattr(settings, "min_nodes", None), getattr(settings, "max_nodes", None)
+        timeout = getattr(settings, "timeout", None)
+        join = getattr(timeout, "join", None)
+        out["join_timeout_s"] = join.total_seconds() if join is not None else None
+    try:
+        holder = handler._state_holder
+        holder.sync()
+        state = holder.state
+        joined = list(state.participants) + list(getattr(state, "wait_list", ()))
+        names = {f"{d.addr} (pid {d.pid})" for d in joined}
+    except Exception as e:
+        out["joined_error"] = f"{type(e).__name__}: {e}"
+        names = set()
+    # this agent was waiting in the rendezvous (torch drops it from the state when its join times out)
+    if not any(n.startswith(f"{node} (pid {os.getpid()})") for n in names):
+        names.add(f"{node} (pid {os.getpid()}, this node)")
+    out["joined"] = sorted(names)
+    return out
+
+
+ENV_CLOCK_SKEW = "ELASTIC_DIAG_CLOCK_SKEW"  # a test hook: seconds added to this host's clock (agent and ranks)
+
+
+def skewed_clock() -> Clock:
+    try:
+        skew = float(os.environ.get(ENV_CLOCK_SKEW, "") or 0.0)
+    except ValueError:
+        skew = 0.0
+    if skew == 0.0:
+        return time.time
+    return lambda: time.time() + skew
+
+
+@dataclass(slots=True)
+class Cluster:
+    exchange: nodes.StoreExchange
+    group_rank: int
+    world: int
+    offset: float  # add to this node's times to get the leader's
+    stopped: threading.Event = field(default_factory=threading.Event)
+
+    def beat_forever(self) -> None:
+        """The agent's heartbeat in the store (a daemon thread), so the others can tell it is gone."""
+        while not self.stopped.wait(nodes.BEAT_S):
+            try:
+                self.exchange.beat(self.group_rank, self.offset)
+            except Exception:
+                return  # the store is gone: nothing to tell anyone
 
 
 ENV_RESUME_FROM = "ELASTIC_DIAG_RESUME_FROM"

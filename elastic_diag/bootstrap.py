@@ -65,8 +65,16 @@ def _write_json(path: str, data: dict[str, Any]) -> None:
     os.replace(tmp, path)
 
 
+def _now() -> float:
+    """Wall clock, plus ELASTIC_DIAG_CLOCK_SKEW (a test hook that shifts a whole host's clock)."""
+    try:
+        return time.time() + float(os.environ.get("ELASTIC_DIAG_CLOCK_SKEW", "") or 0.0)
+    except ValueError:
+        return time.time()
+
+
 def _excepthook(etype: type[BaseException], value: BaseException, tb: TracebackType | None) -> None:
-    now = time.time()
+    now = _now()
     try:
         if os.getpid() == _state.get("pid"):
             _record_exception(etype, value, tb, now)
@@ -139,7 +147,7 @@ def install(rank_dir: str) -> None:
     atexit.register(_at_exit, b)
     _write_json(
         os.path.join(rank_dir, WORKER_FILE),
-        {"pid": os.getpid(), "start_time": time.time(), "argv": sys.argv, "executable": sys.executable},
+        {"pid": os.getpid(), "start_time": _now(), "argv": sys.argv, "executable": sys.executable},
     )
 
 

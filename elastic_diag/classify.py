@@ -634,9 +634,28 @@ def straggler_warnings(evidence: AttemptEvidence) -> list[dict[str, object]]:
     return out
 
 
-def classify_launch_error(text: str, taxonomy: Taxonomy | None = None) -> Diagnosis:
-    """Verdict on a launch that failed outside the workers (rendezvous, store, ports)."""
+def classify_launch_error(
+    text: str, taxonomy: Taxonomy | None = None, context: dict[str, object] | None = None
+) -> Diagnosis:
+    """Verdict on a launch that failed outside the workers (rendezvous, store, ports); ``context``: what
+    a rendezvous that timed out knew (the nodes that joined, how many it needed, the timeout)."""
     tax = taxonomy or load_taxonomy()
+    if context is not None and "RendezvousTimeoutError" in text:
+        sig = tax.get("rendezvous-timeout")
+        joined = context.get("joined")
+        need, most = context.get("min_nodes"), context.get("max_nodes")
+        nodes = f"{need}" if need == most else f"{need} to {most}"
+        seen = (f"{len(joined)} joined ({', '.join(map(str, joined))})" if isinstance(joined, list)
+                else "the joined nodes could not be read")  # fmt: skip
+        missing = (f"{need - len(joined)} node(s) never joined" if isinstance(joined, list) and isinstance(need, int)
+                   else "some node(s) never joined")  # fmt: skip
+        summary = (f"The rendezvous timed out after {context.get('join_timeout_s')} s: it needed {nodes} node(s), "
+                   f"{seen}; {missing}. Those nodes are the cause: they were not started, or cannot reach the "
+                   "rendezvous endpoint.")  # fmt: skip
+        return Diagnosis(failure_class="rendezvous_timeout", signature_id=sig.id, summary=summary,
+                         evidence=(f"elastic_diag: rendezvous timed out: {missing} within join_timeout="
+                                   f"{context.get('join_timeout_s')} s (needed {nodes}, {seen})",),
+                         fix=sig.fix, verify=sig.verify, retryable=sig.retryable)  # fmt: skip
     best: tuple[Signature, str] | None = None
     for line in text.splitlines():
         for sig, _m in tax.match_line(line):

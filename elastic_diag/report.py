@@ -29,6 +29,7 @@ class AttemptRecord:
     status: str  # succeeded | failed
     final: bool  # False while the verdict was taken before teardown and not yet refined
     gate: dict[str, Any] | None = None  # the restart gate's decision after this attempt, if it was asked
+    cluster: dict[str, Any] | None = None  # several nodes: who reported, clock offset, the local verdict
 
 
 def rank_entry(ev: RankEvidence, role: str) -> dict[str, Any]:
@@ -68,6 +69,7 @@ def attempt_entry(record: AttemptRecord) -> dict[str, Any]:
         **({"hang": record.evidence.hang} if record.evidence.hang else {}),
         **({"gate": record.gate} if record.gate else {}),
         "came_up": record.evidence.came_up,
+        **({"nodes": record.cluster} if record.cluster else {}),
     }
 
 

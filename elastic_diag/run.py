@@ -204,7 +204,7 @@ def run_diagnosed(args: argparse.Namespace) -> int:
         )
     except BaseException as e:
         text = "".join(traceback.format_exception(e))
-        report = session.finish("failed", launch_diagnosis=classify_launch_error(text))
+        report = session.finish("failed", launch_diagnosis=classify_launch_error(text, context=session.launch_context))
         print(format_summary(report, str(session.report_path)), file=sys.stderr)
         raise
     report = session.finish("succeeded")

@@ -33,14 +33,23 @@ class DiagSession:
         self.gates: dict[int, dict[str, Any]] = {}  # attempt -> the restart gate's record
         self.policy: Any = None  # the restart policy (gate.RestartPolicy), loaded at start-up
         self.launch_diagnosis: Diagnosis | None = None
+        self.launch_context: dict[str, Any] | None = None  # what a failed rendezvous knew
 
     @property
     def report_path(self) -> Path:
         return self.config.diag_dir / REPORT_FILE
 
-    def record_attempt(self, evidence: AttemptEvidence, diagnosis: Diagnosis, *, status: str, final: bool) -> None:
+    def record_attempt(
+        self,
+        evidence: AttemptEvidence,
+        diagnosis: Diagnosis,
+        *,
+        status: str,
+        final: bool,
+        cluster: dict[str, Any] | None = None,
+    ) -> None:
         record = AttemptRecord(evidence=evidence, diagnosis=diagnosis, status=status, final=final,
-                               gate=self.gates.get(evidence.attempt))  # fmt: skip
+                               gate=self.gates.get(evidence.attempt), cluster=cluster)  # fmt: skip
         self.attempts[evidence.attempt] = record
         attempt_report = build_report(
             run_id=self.run_id, status=status, attempts=[record], diag_dir=str(self.config.diag_dir), node=self.node

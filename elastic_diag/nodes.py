@@ -1,0 +1,328 @@
+"""Many nodes, one verdict: each agent's failure record, exchanged through the rendezvous store.
+
+Every node's agent sees only its own ranks. After its local verdict, each agent publishes a compact
+record (schema ``elastic_diag.node_record/1``: its ranks' exits, exceptions, decisive lines and
+stacks, with times on the LEADER's clock) under one key per node, reads every other node's, and
+classifies the merged evidence with the same classifier: every node writes the same global verdict.
+
+Clock offsets are measured when the attempt starts: each agent pings the agent of group rank 0
+through the store (:func:`offset_from_ping`), so a node whose clock is seconds off does not look
+like the first to fail. A node whose record never comes (its agent killed, its host gone) is named:
+its ranks are the initiating ones, the survivors' timeouts are collateral.
+
+Pure except :class:`StoreExchange`, whose store and clock are injected. A record from a newer
+schema or a garbled one is ignored and reported; the wait for records is bounded.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from elastic_diag.classify import Diagnosis, classify_attempt
+from elastic_diag.evidence import AttemptEvidence, ExceptionRecord, RankEvidence, parse_stack_dump
+
+SCHEMA = "elastic_diag.node_record/1"
+BEAT_S = 1.0  # each agent's heartbeat in the store
+BEAT_LOST_S = 5.0  # an agent silent this long is gone
+TAIL = 8
+STACK_CHARS = 3000
+
+
+def node_label(host: str, group_rank: int, group_world_size: int) -> str:
+    """``host-a`` for a single node; ``host-a (node 1)`` with several (two agents may share a host)."""
+    return host if group_world_size <= 1 else f"{host} (node {group_rank})"
+
+
+def _shift(t: float | None, offset: float) -> float | None:
+    return t + offset if t is not None else None
+
+
+def record_of(evidence: AttemptEvidence, *, node: str, group_rank: int, offset: float) -> dict[str, Any]:
+    """This node's part of the attempt, times moved onto the leader's clock (``+ offset``)."""
+    ranks = []
+    for ev in evidence.ranks:
+        exc = ev.exception
+        ranks.append({
+            "rank": ev.rank,
+            "local_rank": ev.local_rank,
+            "pid": ev.pid,
+            "exit_code": ev.exit_code,
+            "exit_time": _shift(ev.exit_time, offset),
+            "alive_at_decision": ev.alive_at_decision,
+            "stopped_by_agent": ev.stopped_by_agent,
+            "exception": {"type": exc.type, "message": exc.message[:2000], "traceback": exc.traceback[-4000:],
+                          "time": _shift(exc.time, offset)} if exc else None,
+            "stderr_tail": list(ev.stderr_tail[-TAIL:]),
+            "stack": ev.stack.text[:STACK_CHARS] if ev.stack else None,
+            "nonfinite": ev.nonfinite,
+        })  # fmt: skip
+    return {
+        "schema": SCHEMA,
+        "node": node,
+        "group_rank": group_rank,
+        "attempt": evidence.attempt,
+        "clock_offset_s": offset,
+        "decided_at": _shift(evidence.decided_at, offset),
+        "hang": evidence.hang,
+        "ranks": ranks,
+    }
+
+
+def parse_record(raw: bytes | str) -> dict[str, Any]:
+    """A record, or ValueError naming what is wrong (garbled, another schema)."""
+    try:
+        data = json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as e:
+        raise ValueError(f"garbled record ({e})") from e
+    if not isinstance(data, dict):
+        raise ValueError("garbled record (not an object)")
+    schema = data.get("schema")
+    if schema != SCHEMA:
+        raise ValueError(f"record of schema {schema!r}, this agent reads {SCHEMA!r}")
+    if not isinstance(data.get("ranks"), list) or not isinstance(data.get("group_rank"), int):
+        raise ValueError("garbled record (no ranks or group rank)")
+    return data
+
+
+def _rank_evidence(node: str, r: dict[str, Any]) -> RankEvidence:
+    exc = r.get("exception")
+    stack = r.get("stack")
+    return RankEvidence(
+        rank=int(r["rank"]),
+        local_rank=int(r.get("local_rank", 0)),
+        node=node,
+        pid=r.get("pid"),
+        exit_code=r.get("exit_code"),
+        exit_time=r.get("exit_time"),
+        alive_at_decision=bool(r.get("alive_at_decision")),
+        stopped_by_agent=bool(r.get("stopped_by_agent")),
+        exception=ExceptionRecord(type=str(exc["type"]), message=str(exc.get("message", "")),
+                                  traceback=str(exc.get("traceback", "")), time=exc.get("time"))
+        if isinstance(exc, dict) and exc.get("type") else None,
+        stderr_tail=tuple(str(x) for x in r.get("stderr_tail") or ()),
+        stack=parse_stack_dump(stack) if isinstance(stack, str) and stack else None,
+        nonfinite=r.get("nonfinite") if isinstance(r.get("nonfinite"), dict) else None,
+    )  # fmt: skip
+
+
+@dataclass(slots=True)
+class Merge:
+    diagnosis: Diagnosis
+    evidence: AttemptEvidence
+    nodes: list[str]
+    missing: list[int] = field(default_factory=list)  # group ranks that published nothing
+    problems: list[str] = field(default_factory=list)
+
+
+def merge(
+    attempt: int,
+    records: dict[int, dict[str, Any]],
+    world: int,
+    hellos: dict[int, dict[str, Any]] | None = None,
+    problems: Sequence[str] = (),
+) -> Merge:
+    """The global verdict from every node's record; nodes with no record are named as lost."""
+    hellos = hellos or {}
+    ranks: list[RankEvidence] = []
+    decided = []
+    hang = None
+    for g in sorted(records):
+        rec = records[g]
+        node = str(rec.get("node") or f"node {g}")
+        for r in rec["ranks"]:
+            try:
+                ranks.append(_rank_evidence(node, r))
+            except (KeyError, TypeError, ValueError):
+                continue
+        if isinstance(rec.get("decided_at"), int | float):
+            decided.append(rec["decided_at"])
+        hang = hang or rec.get("hang")
+    missing = [g for g in range(world) if g not in records]
+    for g in missing:  # the lost nodes' ranks, known from the hello each agent published at start
+        hello = hellos.get(g) or {}
+        for i, r in enumerate(hello.get("ranks") or []):
+            if isinstance(r, int):
+                ranks.append(RankEvidence(rank=r, local_rank=i, node=str(hello.get("node") or f"node {g}"),
+                                          notes=("its node did not report",)))  # fmt: skip
+    evidence = AttemptEvidence(attempt=attempt, ranks=tuple(sorted(ranks, key=lambda e: e.rank)),
+                               decided_at=min(decided) if decided else None, hang=hang)  # fmt: skip
+    nodes = [str(records[g].get("node")) for g in sorted(records)]
+    if missing:
+        return Merge(_lost_nodes(missing, hellos, evidence), evidence, nodes, missing, list(problems))
+    return Merge(classify_attempt(evidence), evidence, nodes, [], list(problems))
+
+
+def _lost_nodes(missing: list[int], hellos: dict[int, dict[str, Any]], evidence: AttemptEvidence) -> Diagnosis:
+    """A node that published nothing: its agent was killed or its host is gone. Its ranks went first;
+    the survivors' failures (lost peers, timeouts) are collateral."""
+    first = missing[0]
+    hello = hellos.get(first) or {}
+    node = str(hello.get("node") or f"node {first}")
+    lost_ranks = sorted(int(r) for g in missing for r in (hellos.get(g) or {}).get("ranks") or [])
+    rank = lost_ranks[0] if lost_ranks else None
+    names = ", ".join(str((hellos.get(g) or {}).get("node") or f"node {g}") for g in missing)
+    roles = {ev.rank: ("collateral" if ev.failed or ev.alive_at_decision else "healthy") for ev in evidence.ranks}
+    for r in lost_ranks:
+        roles[r] = "initiating" if r == rank else "unknown"
+    collateral = tuple(sorted(r for r, role in roles.items() if role == "collateral"))
+    what = f"ranks {', '.join(map(str, lost_ranks))}" if lost_ranks else "its ranks"
+    summary = (
+        f"Node {names} disappeared: its agent published no failure record (killed, or its host is gone), "
+        f"so {what} stopped with it; the other nodes' ranks then lost their peers."
+    )
+    evidence_lines = [f"elastic_diag: node {names} (group rank(s) {', '.join(map(str, missing))}) did not report: "
+                      "its agent was killed or its host is gone"]  # fmt: skip
+    for ev in evidence.ranks:
+        if ev.failed and ev.stderr_tail:
+            evidence_lines.append(f"rank {ev.rank}: {ev.stderr_tail[-1]}")
+            break
+    return Diagnosis(
+        failure_class="killed",
+        initiating_rank=rank,
+        initiating_node=node,
+        signature_id="node-lost",
+        summary=summary,
+        evidence=tuple(evidence_lines),
+        fix="Find why the node went away: its kernel log (OOM killer, reboots), the scheduler's events "
+        "(preemption, node failure), its network.",
+        verify="torchrun-diag ... --max-restarts 1  # on a replacement node the job must pass this step",
+        collateral_ranks=collateral,
+        roles=roles,
+        retryable=True,
+    )
+
+
+def offset_from_ping(t_send: float, t_leader: float, t_recv: float) -> tuple[float, float]:
+    """(offset to add to local times to get leader times, round trip): NTP's midpoint estimate."""
+    return t_leader - (t_send + t_recv) / 2, t_recv - t_send
+
+
+class StoreExchange:
+    """The keys of one run in the rendezvous store (``worker_group.store``, shared by all agents)."""
+
+    def __init__(self, store: Any, run_id: str, clock: Callable[[], float] = time.time,
+                 sleep: Callable[[float], None] = time.sleep) -> None:  # fmt: skip
+        self.store = store
+        self.prefix = f"elastic_diag/{run_id}"
+        self.clock = clock
+        self.sleep = sleep
+        self.bytes_sent = 0
+        self.bytes_read = 0
+
+    def _set(self, key: str, value: dict[str, Any]) -> None:
+        raw = json.dumps(value, separators=(",", ":"), default=str)
+        self.bytes_sent += len(raw)
+        self.store.set(f"{self.prefix}/{key}", raw)
+
+    def _get(self, key: str) -> bytes:
+        raw: bytes = self.store.get(f"{self.prefix}/{key}")
+        self.bytes_read += len(raw)
+        return raw
+
+    def _present(self, keys: list[str]) -> bool:
+        return bool(self.store.check([f"{self.prefix}/{k}" for k in keys]))
+
+    def gather(self, keys: dict[int, str], timeout_s: float) -> dict[int, bytes]:
+        """Whatever of ``keys`` (group rank -> key) is there within ``timeout_s``; polls, never blocks longer."""
+        deadline = self.clock() + timeout_s
+        got: dict[int, bytes] = {}
+        while True:
+            for g, key in keys.items():
+                if g not in got and self._present([key]):
+                    got[g] = self._get(key)
+            if len(got) == len(keys) or self.clock() >= deadline:
+                return got
+            self.sleep(0.1)
+
+    # -- start of an attempt: who is where, and the clocks ------------------------------------------
+    def hello(self, group_rank: int, data: dict[str, Any]) -> None:
+        self._set(f"hello/{group_rank}", data)
+
+    def hellos(self, world: int, timeout_s: float) -> dict[int, dict[str, Any]]:
+        out = {}
+        for g, raw in self.gather({g: f"hello/{g}" for g in range(world)}, timeout_s).items():
+            try:
+                out[g] = json.loads(raw)
+            except ValueError:
+                continue
+        return out
+
+    def answer_pings(self, world: int, attempt: int, timeout_s: float, rounds: int = 3) -> None:
+        """The leader: answer each other node's pings with its own clock (runs in a thread)."""
+        pending = {f"{attempt}/{g}/{i}" for g in range(1, world) for i in range(rounds)}
+        deadline = self.clock() + timeout_s
+        while pending and self.clock() < deadline:
+            for key in sorted(pending):
+                if self._present([f"ping/{key}"]):
+                    self._set(f"pong/{key}", {"t": self.clock()})
+                    pending.discard(key)
+            self.sleep(0.002)
+
+    def measure_offset(self, group_rank: int, attempt: int, timeout_s: float, rounds: int = 3) -> float | None:
+        """This node's offset to the leader's clock: the ping with the shortest round trip wins."""
+        best: tuple[float, float] | None = None
+        deadline = self.clock() + timeout_s
+        for i in range(rounds):
+            key = f"{attempt}/{group_rank}/{i}"
+            t_send = self.clock()
+            self._set(f"ping/{key}", {"t": t_send})
+            while not self._present([f"pong/{key}"]):
+                if self.clock() >= deadline:
+                    return best[0] if best else None
+                self.sleep(0.002)
+            t_recv = self.clock()
+            offset, rtt = offset_from_ping(t_send, float(json.loads(self._get(f"pong/{key}"))["t"]), t_recv)
+            if best is None or rtt < best[1]:
+                best = (offset, rtt)
+        return best[0] if best else None
+
+    # -- end of an attempt: the records ----------------------------------------------------------
+    def publish(self, attempt: int, group_rank: int, record: dict[str, Any]) -> None:
+        self._set(f"record/{attempt}/{group_rank}", record)
+
+    def done(self, attempt: int, group_rank: int) -> None:
+        self._set(f"done/{attempt}/{group_rank}", {"t": self.clock()})
+
+    def wait_done(self, attempt: int, world: int, timeout_s: float) -> None:
+        self.gather({g: f"done/{attempt}/{g}" for g in range(world)}, timeout_s)
+
+    # -- liveness: every agent beats once a second while its attempt runs ------------------------------
+    def beat(self, group_rank: int, offset: float) -> None:
+        """This agent's heartbeat, on the leader's clock."""
+        self.store.set(f"{self.prefix}/beat/{group_rank}", repr(self.clock() + offset))
+
+    def silent_for(self, group_rank: int, offset: float) -> float | None:
+        """Seconds since that agent's last heartbeat (None: it never beat)."""
+        key = f"{self.prefix}/beat/{group_rank}"
+        if not self.store.check([key]):
+            return None
+        return self.clock() + offset - float(self.store.get(key))
+
+    def records(
+        self, attempt: int, world: int, timeout_s: float, offset: float = 0.0, lost_after_s: float = BEAT_LOST_S
+    ) -> tuple[dict[int, dict[str, Any]], list[str]]:
+        """Every node's record, waiting at most ``timeout_s``; a node whose agent stopped beating
+        ``lost_after_s`` ago is not waited for."""
+        keys = {g: f"record/{attempt}/{g}" for g in range(world)}
+        deadline = self.clock() + timeout_s
+        raw: dict[int, bytes] = {}
+        while True:
+            raw.update(self.gather({g: k for g, k in keys.items() if g not in raw}, 0.0))
+            waiting = [g for g in keys if g not in raw]
+            if not waiting or self.clock() >= deadline:
+                break
+            silent = [self.silent_for(g, offset) for g in waiting]
+            if all(s is not None and s > lost_after_s for s in silent):
+                break  # every node still missing has stopped beating: it is gone
+            self.sleep(0.1)
+        out, problems = {}, []
+        for g, value in raw.items():
+            try:
+                out[g] = parse_record(value)
+            except ValueError as e:
+                problems.append(f"node {g}: {e}; left out of the global verdict")
+        return out, problems
