@@ -63,12 +63,22 @@ def main() -> None:
     merged = nodes.merge(0, records, a.nodes)
     t2 = time.perf_counter()
     d = merged.diagnosis
-    want = culprit[0] * a.ranks_per_node + culprit[1]
+    verdict = json.dumps(nodes.verdict_of(merged), separators=(",", ":"))
+    per = a.ranks_per_node
+    roles = [json.dumps({str(g * per + i): d.roles.get(g * per + i, "unknown") for i in range(per)})
+             for g in range(a.nodes)]  # fmt: skip
+    per_agent = len(verdict) + max(len(r) for r in roles)
+    in_all = total * 2 + len(verdict) * a.nodes + sum(map(len, roles)) * 2
+    want = culprit[0] * per + culprit[1]
     print(
-        f"{a.nodes} nodes x {a.ranks_per_node} ranks: {a.nodes} store keys, {total / 1e6:.2f} MB of records "
-        f"({total / a.nodes / 1e3:.1f} kB per node), read by every agent"
+        f"{a.nodes} nodes x {per} ranks: {2 * a.nodes + 1} store keys per failure ({a.nodes} records of "
+        f"{total / a.nodes / 1e3:.1f} kB, 1 verdict of {len(verdict) / 1e3:.1f} kB, {a.nodes} role maps)"
     )
-    print(f"parse {t1 - t0:.3f} s + merge and classify {t2 - t1:.3f} s = {t2 - t0:.3f} s (target < 1 s)")
+    print(
+        f"bytes: each agent writes its record and reads {per_agent / 1e3:.1f} kB; the leader reads "
+        f"{total / 1e6:.2f} MB; {in_all / 1e6:.1f} MB through the store in all"
+    )
+    print(f"leader: parse {t1 - t0:.3f} s + merge and classify {t2 - t1:.3f} s = {t2 - t0:.3f} s (target < 1 s)")
     ok = d.initiating_rank == want and d.failure_class == "cuda_oom"
     print(f"verdict: rank {d.initiating_rank} on {d.initiating_node}, {d.failure_class} ({'right' if ok else 'WRONG'})")
 

@@ -421,12 +421,27 @@ class AttemptCapture:
         return result
 
     def _global_verdict(self, evidence: AttemptEvidence, local: Diagnosis, status: str) -> Diagnosis:
-        """Publish this node's record, read every node's (bounded), and record the merged verdict."""
+        """One verdict for all nodes: every agent publishes its record; the agent of group rank 0 reads
+        them all (bounded), merges, and publishes the verdict (one key) and each node's roles (one key
+        per node); the others read those two keys. O(nodes) keys per failure. If the leader's verdict
+        does not come, an agent merges the records itself."""
         c = self.cluster
         assert c is not None
         n = self.attempt.attempt
         c.exchange.publish(n, c.group_rank, nodes.record_of(evidence, node=self.node, group_rank=c.group_rank,
                                                             offset=c.offset))  # fmt: skip
+        info: dict[str, Any] = {"clock_offset_s": round(c.offset, 6), "local_diagnosis": local.to_json()}
+        if c.group_rank != 0:
+            verdict = c.exchange.verdict(n, c.group_rank, self.config.grace_s + 25.0, offset=c.offset)
+            if verdict is not None:
+                diagnosis = nodes.diagnosis_from_json(verdict["diagnosis"], verdict["roles"])
+                info.update(decided_by="group rank 0", nodes=verdict.get("nodes"),
+                            missing_group_ranks=verdict.get("missing"), store_bytes_sent=c.exchange.bytes_sent,
+                            store_bytes_read=c.exchange.bytes_read)  # fmt: skip
+                self.session.record_attempt(evidence, diagnosis, status=status, final=True, cluster=info)
+                c.exchange.done(n, c.group_rank)
+                return diagnosis
+            self.session.note(f"attempt {n}: no verdict from group rank 0; merged the nodes' records here")
         records, problems = c.exchange.records(n, c.world, self.config.grace_s + 15.0, offset=c.offset)
         hellos = c.exchange.hellos(c.world, 2.0)
         merged = nodes.merge(n, records, c.world, hellos, problems)
@@ -434,11 +449,12 @@ class AttemptCapture:
             self.session.note(f"attempt {n}: {p}")
         if len(records) <= 1 and not merged.missing:
             return local
-        info = {"nodes": merged.nodes, "missing_group_ranks": merged.missing, "clock_offset_s": round(c.offset, 6),
-                "local_diagnosis": local.to_json(), "store_bytes_sent": c.exchange.bytes_sent,
-                "store_bytes_read": c.exchange.bytes_read}  # fmt: skip
+        if c.group_rank == 0:
+            c.exchange.publish_verdict(n, merged, hellos)
+        info.update(decided_by=f"group rank {c.group_rank}", nodes=merged.nodes, missing_group_ranks=merged.missing,
+                    store_bytes_sent=c.exchange.bytes_sent, store_bytes_read=c.exchange.bytes_read)  # fmt: skip
         self.session.record_attempt(merged.evidence, merged.diagnosis, status=status, final=True, cluster=info)
-        # the leader hosts the store: it stays until every node has read (bounded)
+        # the leader hosts the store: it stays until every node has read the verdict (bounded)
         c.exchange.done(n, c.group_rank)
         if c.group_rank == 0:
             c.exchange.wait_done(n, c.world, 10.0)

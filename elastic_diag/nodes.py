@@ -26,6 +26,7 @@ from elastic_diag.classify import Diagnosis, classify_attempt
 from elastic_diag.evidence import AttemptEvidence, ExceptionRecord, RankEvidence, parse_stack_dump
 
 SCHEMA = "elastic_diag.node_record/1"
+VERDICT_SCHEMA = "elastic_diag.node_verdict/1"
 BEAT_S = 1.0  # each agent's heartbeat in the store
 BEAT_LOST_S = 5.0  # an agent silent this long is gone
 TAIL = 8
@@ -86,6 +87,34 @@ def parse_record(raw: bytes | str) -> dict[str, Any]:
     if not isinstance(data.get("ranks"), list) or not isinstance(data.get("group_rank"), int):
         raise ValueError("garbled record (no ranks or group rank)")
     return data
+
+
+def verdict_of(merged: Merge) -> dict[str, Any]:
+    """The leader's verdict as published: the diagnosis without its per-rank lists (each node reads
+    its own ranks' roles from its own key), so every agent reads a few kB whatever the job's size."""
+    d = {**merged.diagnosis.to_json(), "retryable": merged.diagnosis.retryable}
+    d.pop("collateral_ranks", None)
+    return {"schema": VERDICT_SCHEMA, "diagnosis": d, "nodes": merged.nodes[:64], "node_count": len(merged.nodes),
+            "missing": merged.missing}  # fmt: skip
+
+
+def diagnosis_from_json(d: dict[str, Any], roles: dict[str, str]) -> Diagnosis:
+    """The leader's verdict as this node's Diagnosis (``roles``: this node's ranks)."""
+    return Diagnosis(
+        failure_class=str(d.get("failure_class") or "unknown"),
+        initiating_rank=d.get("initiating_rank"),
+        initiating_node=d.get("initiating_node"),
+        exception_type=d.get("exception_type"),
+        signature_id=d.get("signature_id"),
+        summary=str(d.get("summary") or ""),
+        evidence=tuple(str(x) for x in d.get("evidence") or ()),
+        fix=d.get("fix"),
+        verify=d.get("verify"),
+        collateral_ranks=tuple(sorted(int(r) for r, role in roles.items() if role == "collateral")),
+        roles={int(r): str(role) for r, role in roles.items()},
+        retryable=d.get("retryable"),
+        collective=d.get("collective"),
+    )
 
 
 def _rank_evidence(node: str, r: dict[str, Any]) -> RankEvidence:
@@ -283,6 +312,40 @@ class StoreExchange:
     # -- end of an attempt: the records ----------------------------------------------------------
     def publish(self, attempt: int, group_rank: int, record: dict[str, Any]) -> None:
         self._set(f"record/{attempt}/{group_rank}", record)
+
+    # -- the leader's verdict ------------------------------------------------------------------------
+    def publish_verdict(self, attempt: int, merged: Merge, hellos: dict[int, dict[str, Any]]) -> None:
+        """The verdict (one key) and each node's roles (one key per node, its own ranks only)."""
+        d = merged.diagnosis
+        self._set(f"verdict/{attempt}", verdict_of(merged))
+        by_node: dict[int, dict[str, str]] = {}
+        for g, hello in hellos.items():
+            ranks = [r for r in hello.get("ranks") or [] if isinstance(r, int)]
+            by_node[g] = {str(r): d.roles.get(r, "unknown") for r in ranks}
+        for g, roles in by_node.items():
+            self._set(f"roles/{attempt}/{g}", roles)
+
+    def verdict(self, attempt: int, group_rank: int, timeout_s: float, offset: float = 0.0) -> dict[str, Any] | None:
+        """The leader's verdict and this node's roles, or None when they do not come (or the leader
+        stopped beating) within ``timeout_s``."""
+        deadline = self.clock() + timeout_s
+        keys = {0: f"verdict/{attempt}", 1: f"roles/{attempt}/{group_rank}"}
+        while True:
+            got = self.gather(keys, 0.0)
+            if len(got) == 2:
+                try:
+                    verdict = json.loads(got[0])
+                    roles = json.loads(got[1])
+                except ValueError:
+                    return None
+                if not isinstance(verdict, dict) or verdict.get("schema") != VERDICT_SCHEMA:
+                    return None
+                verdict["roles"] = roles
+                return verdict
+            silent = self.silent_for(0, offset)
+            if self.clock() >= deadline or (silent is not None and silent > BEAT_LOST_S):
+                return None
+            self.sleep(0.1)
 
     def done(self, attempt: int, group_rank: int) -> None:
         self._set(f"done/{attempt}/{group_rank}", {"t": self.clock()})

@@ -79,7 +79,9 @@ def test_every_node_names_the_same_rank_on_the_other_node(tmp_path, inject, cls)
     reps = [report(tmp_path, g) for g in range(2)]
     assert verdict(reps[0]) == verdict(reps[1]) == (cls, 3, f"{socket.gethostname()} (node 1)"), errs[0][-3000:]
     assert {r["rank"]: r["role"] for r in reps[0]["ranks"]}[3] == "initiating"
-    assert len(reps[0]["ranks"]) == 4  # every node's report holds every rank
+    assert len(reps[0]["ranks"]) == 4  # the leader's report holds every rank; node 1's its own, same roles
+    assert {r["rank"]: r["role"] for r in reps[1]["ranks"]} == {r: {r["rank"]: r["role"] for r in reps[0]["ranks"]}[r]
+                                                                for r in (2, 3)}  # fmt: skip
     assert reps[0]["attempts"][-1]["nodes"]["nodes"] == [f"{socket.gethostname()} (node {g})" for g in range(2)]
 
 
@@ -96,7 +98,8 @@ def test_a_node_whose_clock_is_5_s_behind_does_not_change_the_verdict(tmp_path):
     assert verdict(reps[1])[:2] == ("python_exception", 1)
     offset = reps[1]["attempts"][-1]["nodes"]["clock_offset_s"]
     assert abs(offset - 5.0) < 0.2, offset
-    times = {r["rank"]: r["first_error_time"] for r in reps[1]["ranks"]}
+    assert reps[1]["attempts"][-1]["nodes"]["decided_by"] == "group rank 0"
+    times = {r["rank"]: r["first_error_time"] for r in reps[0]["ranks"]}  # the leader merged them all
     assert all(times[r] > times[1] for r in (2, 3) if times[r] is not None)  # on one clock: after the culprit
 
 
