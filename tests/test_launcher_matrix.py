@@ -42,6 +42,9 @@ def test_fault_matrix_names_the_culprit(tmp_path, inject, cls, exc_type, culprit
     d = report["diagnosis"]
     assert report["status"] == "failed"
     assert (d["initiating_rank"], d["failure_class"], d["exception_type"]) == (CULPRIT, cls, exc_type), d
+    if inject == "exception-after-cleanup":  # test_config_flag.py expects plain torchrun + diag+c10d to say the same
+        assert (d["failure_class"], d["initiating_rank"], d["exception_type"], d["signature_id"]) == (
+            "python_exception", CULPRIT, "ValueError", "python-exception")  # fmt: skip
     assert d["summary"] and d["evidence"] and d["fix"] and d["verify"]
     roles = {r["rank"]: r["role"] for r in report["ranks"]}
     assert roles[CULPRIT] == "initiating"
@@ -84,7 +87,7 @@ def _torchrun_root_cause(stderr: str) -> int:
 # a grace of 10 s lets it finish and raise within our capture (margins of 3 s or more both ways).
 COMPARED = {
     "exception-after-cleanup": (["--cleanup-seconds", "14"], ["--diag-grace", "10"], "python_exception"),
-    "hang": ([], [], "hang"),
+    "hang": ([], ["--diag-hang-timeout", "3"], "hang"),  # the health monitor calls it before the gloo timeout
 }
 
 

@@ -71,11 +71,15 @@ def verdict(rep: dict) -> tuple:
     return d["failure_class"], d["initiating_rank"], d["initiating_node"]
 
 
-@pytest.mark.parametrize("inject, cls", [("exception", "python_exception"), ("sigkill", "killed")])
+@pytest.mark.parametrize("inject, cls", [("exception", "python_exception"), ("sigkill", "killed"), ("hang", "hang")])
 @pytest.mark.multiprocess
 @pytest.mark.timeout(200)
 def test_every_node_names_the_same_rank_on_the_other_node(tmp_path, inject, cls):
-    errs = finish(start_nodes(tmp_path, ["--inject", inject, "--culprit-rank", "3", "--pg-timeout", "30"]), tmp_path)
+    """hang: every node's health monitor (5 s) takes its ranks' stacks; only the merge sees that
+    rank 3 was outside any collective while the other three waited in one."""
+    env = {g: {"ELASTIC_DIAG_HANG_TIMEOUT": "5"} for g in range(2)}
+    script = ["--inject", inject, "--culprit-rank", "3", "--pg-timeout", "300" if inject == "hang" else "30"]
+    errs = finish(start_nodes(tmp_path, script, env=env), tmp_path)
     reps = [report(tmp_path, g) for g in range(2)]
     assert verdict(reps[0]) == verdict(reps[1]) == (cls, 3, f"{socket.gethostname()} (node 1)"), errs[0][-3000:]
     assert {r["rank"]: r["role"] for r in reps[0]["ranks"]}[3] == "initiating"
@@ -202,3 +206,29 @@ def test_a_store_that_disappears_raises_and_is_not_waited_on_forever():
 def test_clock_offset_from_a_ping():
     offset, rtt = nodes.offset_from_ping(t_send=10.0, t_leader=15.1, t_recv=10.2)
     assert offset == pytest.approx(5.0) and rtt == pytest.approx(0.2)
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(120)
+def test_an_unreachable_endpoint_and_a_port_in_use_are_diagnosed(tmp_path):
+    """Node 1 of a job whose store never comes up (nothing listens); node 0 of a job whose store port is
+    taken by another process on the host."""
+    port = free_port()
+    common = ["--nnodes", "2", "--nproc-per-node", "1", "--rdzv-backend", "c10d", "--rdzv-id", "x", str(EXAMPLE)]
+    unreachable = subprocess.run(
+        [sys.executable, "-m", "elastic_diag.run", "--diag-dir", str(tmp_path / "a"), "--rdzv-endpoint",
+         f"127.0.0.1:{port}", "--rdzv-conf", "is_host=0,read_timeout=5", *common],
+        capture_output=True, text=True, timeout=90, cwd=ROOT)  # fmt: skip
+    d = json.loads((tmp_path / "a" / "report.json").read_text())["diagnosis"]
+    assert unreachable.returncode != 0 and d["failure_class"] == "rendezvous_timeout", unreachable.stderr[-2000:]
+    assert d["signature_id"] == "store-connect-timeout"
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        busy = taken.getsockname()[1]
+        in_use = subprocess.run(
+            [sys.executable, "-m", "elastic_diag.run", "--diag-dir", str(tmp_path / "b"), "--rdzv-endpoint",
+             f"127.0.0.1:{busy}", "--rdzv-conf", "is_host=1", *common],
+            capture_output=True, text=True, timeout=90, cwd=ROOT)  # fmt: skip
+    d = json.loads((tmp_path / "b" / "report.json").read_text())["diagnosis"]
+    assert in_use.returncode != 0 and d["failure_class"] == "port_conflict", in_use.stderr[-2000:]
