@@ -76,12 +76,16 @@ class Beacon:
         self.thread.start()
 
     def _run(self) -> None:
+        failures = 0
         while not self.stop.wait(self.interval):
             try:
                 self.tick()
-            except Exception as e:  # never break the rank; say it once
-                print(f"elastic_diag: progress beacon stopped: {e!r}", file=sys.stderr)
-                return
+                failures = 0
+            except Exception as e:  # never break the rank; a passing error (an import under way) is retried
+                failures += 1
+                if failures == 20:
+                    print(f"elastic_diag: progress beacon stopped after 20 failed ticks: {e!r}", file=sys.stderr)
+                    return
 
     def tick(self) -> None:
         if not self.hooks_installed and "torch" in sys.modules:
@@ -153,10 +157,11 @@ class Beacon:
             return
         torch = sys.modules["torch"]
         optim = sys.modules.get("torch.optim.optimizer")
-        if optim is None:
-            self.hooks_installed = False  # not imported yet: try again next tick
+        register = getattr(optim, "register_optimizer_step_post_hook", None)
+        if register is None or getattr(torch, "Tensor", None) is None or not hasattr(torch, "autograd"):
+            self.hooks_installed = False  # torch is still being imported (by the main thread): next tick
             return
-        self.step_hook = optim.register_optimizer_step_post_hook(self._on_step)
+        self.step_hook = register(self._on_step)
         original = torch.Tensor.backward
         beacon = self
 

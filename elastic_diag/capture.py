@@ -182,8 +182,7 @@ def flight_recorder_env(rank_dir: Path) -> dict[str, str]:
     """The flight recorder on, for gloo (on by default in torch 2.13) and NCCL, NCCL's own dump on a
     watchdog timeout into the rank's folder (``nccl_trace_rank_<rank>``). A value the user set wins."""
     return {
-        "TORCH_FR_BUFFER_SIZE": "2000",
-        "TORCH_NCCL_TRACE_BUFFER_SIZE": "2000",
+        "TORCH_FR_BUFFER_SIZE": "2000",  # the old name TORCH_NCCL_TRACE_BUFFER_SIZE warns in every rank (2.13)
         "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",
         "TORCH_NCCL_DEBUG_INFO_TEMP_FILE": str(rank_dir / "nccl_trace_rank_"),
     }

@@ -350,8 +350,8 @@ class StoreExchange:
     def done(self, attempt: int, group_rank: int) -> None:
         self._set(f"done/{attempt}/{group_rank}", {"t": self.clock()})
 
-    def wait_done(self, attempt: int, world: int, timeout_s: float) -> None:
-        self.gather({g: f"done/{attempt}/{g}" for g in range(world)}, timeout_s)
+    def wait_done(self, attempt: int, group_ranks: Sequence[int], timeout_s: float) -> None:
+        self.gather({g: f"done/{attempt}/{g}" for g in group_ranks}, timeout_s)
 
     # -- liveness: every agent beats once a second while its attempt runs ------------------------------
     def beat(self, group_rank: int, offset: float) -> None:

@@ -89,3 +89,23 @@ def test_fatal_signal_leaves_python_stack_in_stderr(tmp_path):
     assert p.returncode == -signal.SIGSEGV
     assert "Fatal Python error: Segmentation fault" in p.stderr
     assert "in crash" in p.stderr
+
+
+def test_the_beacon_waits_for_torch_to_finish_importing(tmp_path, monkeypatch):
+    """The beacon's thread can tick while the main thread is still importing torch: a module that is
+    in sys.modules but not yet initialised must be retried on the next tick, not stop the beacon
+    (seen once in the suite: 'partially initialized module torch.optim.optimizer')."""
+    import sys
+    import types
+
+    from elastic_diag import beacon
+
+    half = types.ModuleType("torch.optim.optimizer")  # what sys.modules holds halfway through the import
+    monkeypatch.setitem(sys.modules, "torch.optim.optimizer", half)
+    if "torch" not in sys.modules:
+        monkeypatch.setitem(sys.modules, "torch", types.ModuleType("torch"))
+    with open(tmp_path / "stacks.txt", "w") as stacks:
+        b = beacon.Beacon(str(tmp_path), 0.05, stacks)
+        b.tick()  # must not raise
+        assert not b.hooks_installed
+        assert (tmp_path / beacon.PROGRESS_FILE).exists()
