@@ -95,6 +95,10 @@ class ExitWatcher:
         with self._lock:
             return self.exit_times.get(key)
 
+    def exited(self) -> set[int]:
+        with self._lock:
+            return set(self.exit_times)
+
 
 def dump_stacks(
     targets: dict[int, tuple[int, RankLayout]], timeout: float, clock: Clock = time.monotonic, sleep: Sleep = time.sleep
@@ -242,7 +246,7 @@ class AttemptCapture:
         self.health: HealthMonitor | None = None
         if config.hang_timeout_s != 0:
             files = {w.local_rank: w.layout.path(beacon.PROGRESS_FILE) for w in workers}
-            self.health = HealthMonitor(files, config.hang_timeout_s)
+            self.health = HealthMonitor(files, config.hang_timeout_s, exited=self.watcher.exited)
             self.health.start()
 
     # -- polling ----------------------------------------------------------------------------------

@@ -3,9 +3,10 @@
 Every rank's progress beacon (:mod:`elastic_diag.beacon`) rewrites ``progress.json`` twice a second.
 The monitor reads them on its own timer and keeps, per rank, the last time its progress changed:
 optimizer steps, ``loss.backward()`` calls, heartbeats, a watched section, or the sequence numbers
-of its collectives. A hang is called when NO rank has made progress for the threshold (a rank stuck
-in a dataloader deadlock or a Python loop stops progressing, and its peers block in their next
-collective), or when a rank stays in a ``watch`` section past its own timeout.
+of its collectives. A hang is called when NO running rank has made progress for the threshold while
+at least one of them waits inside a collective (a rank stuck in a dataloader deadlock or a Python
+loop stops progressing, and its peers block in their next collective), or when a rank stays in a
+``watch`` section past its own timeout. Ranks that have exited are not watched.
 
 Threshold: fixed (``--diag-hang-timeout SECONDS``) or automatic: ``AUTO_FACTOR`` times the median
 step time once ``WARMUP_STEPS`` steps are seen, never below ``AUTO_FLOOR_S``; before that (slow first
@@ -44,6 +45,7 @@ class _RankState:
     durations: tuple[float, ...] = ()
     watch: Any = None
     seen: bool = False
+    in_collective: bool = False  # its last snapshot: a collective enqueued and not completed
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,8 +82,10 @@ class HealthMonitor:
         hang_timeout_s: float | None,
         clock: Callable[[], float] = time.monotonic,
         wall: Callable[[], float] = time.time,
+        exited: Callable[[], set[int]] = set,
     ) -> None:
         self.files = files
+        self._exited = exited  # ranks whose process has exited: they are not watched any more
         self.fixed = hang_timeout_s
         self._clock = clock
         self._wall = wall
@@ -114,6 +118,8 @@ class HealthMonitor:
         # watched once it shows training activity: a script that never starts a process group, an
         # optimizer or a heartbeat is not a distributed job this monitor can judge
         st.seen = st.seen or bool(seqs or data.get("steps") or data.get("backward") or data.get("heartbeats") or watch)
+        st.in_collective = any(int(v.get("last_enqueued_collective", -1)) > int(v.get("last_completed_collective", -1))
+                               for v in pg.values() if isinstance(v, dict))  # fmt: skip
         st.steps = int(data.get("steps") or 0)
         durations = data.get("step_durations") or []
         st.durations = tuple(float(d) for d in durations if isinstance(d, int | float))
@@ -126,7 +132,8 @@ class HealthMonitor:
         now = self._clock() if now is None else now
         for rank, path in self.files.items():
             self.observe(rank, read_progress(path), now)
-        seen = {r: st for r, st in self.ranks.items() if st.seen and st.changed_at is not None}
+        exited = self._exited()
+        seen = {r: st for r, st in self.ranks.items() if st.seen and st.changed_at is not None and r not in exited}
         if not seen:
             return None
         wall = self._wall()
@@ -141,7 +148,9 @@ class HealthMonitor:
         threshold = self.threshold()
         last = max(st.changed_at for st in seen.values() if st.changed_at is not None)
         stalled = now - last
-        if stalled >= threshold:
+        # a distributed hang has someone WAITING in a collective; every rank busy outside one (a final
+        # checkpoint, an evaluation, a slow step) is not called a hang
+        if stalled >= threshold and any(st.in_collective for st in seen.values()):
             kind = "--diag-hang-timeout" if self.fixed is not None else "automatic threshold"
             self.alarm = HangAlarm(threshold_s=threshold, stalled_s=stalled, reason=kind, detected_at=wall)
         return self.alarm

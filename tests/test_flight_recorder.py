@@ -105,8 +105,9 @@ def test_fixed_threshold_fires_only_when_no_rank_progresses(tmp_path: Path):
     clock = Clock()
     files = {r: tmp_path / f"p{r}.json" for r in range(2)}
     mon = HealthMonitor(files, 5.0, clock=clock, wall=clock)
+    waiting = {"0": {"last_enqueued_collective": "5", "last_completed_collective": "4"}}
     for r in files:
-        write(files[r], steps=1)
+        write(files[r], steps=1, pg_status=waiting if r == 1 else {})  # rank 1 waits in a collective
     assert mon.check() is None
     clock.t += 4
     write(files[0], steps=2)  # rank 0 progresses: no alarm
@@ -131,6 +132,28 @@ def test_automatic_threshold_grows_with_the_step_time_and_waits_for_warmup(tmp_p
     write(f[0], steps=20, step_durations=[30.0] * 19)
     mon.check()
     assert mon.threshold() == 300.0
+
+
+def test_no_rank_waiting_in_a_collective_or_only_exited_ranks_is_never_a_hang(tmp_path: Path):
+    """Every rank busy outside collectives (a long checkpoint save, an evaluation) is not a hang; nor are
+    ranks whose process already exited (the end of a healthy run)."""
+    clock = Clock()
+    files = {r: tmp_path / f"q{r}.json" for r in range(2)}
+    exited: set[int] = set()
+    mon = HealthMonitor(files, 5.0, clock=clock, wall=clock, exited=lambda: exited)
+    for r in files:
+        write(files[r], steps=3)
+    mon.check()
+    clock.t += 60
+    assert mon.check() is None
+    waiting = {"0": {"last_enqueued_collective": "9", "last_completed_collective": "8"}}
+    write(files[1], steps=3, pg_status=waiting)
+    exited.update({0, 1})
+    clock.t += 60
+    assert mon.check() is None
+    exited.discard(1)
+    clock.t += 10
+    assert mon.check() is not None
 
 
 def test_no_training_activity_is_never_a_hang(tmp_path: Path):
