@@ -146,6 +146,10 @@ class Beacon:
         """On an uncaught exception (from the excepthook) and at interpreter exit (atexit); the
         exception's dump is kept."""
         self.check_pending_loss()
+        if reason == "exit" and self.thread.ident is not None:  # the beacon ran
+            # the health monitor stops watching a rank that is on its way out (interpreter teardown with
+            # torch can take seconds, and its last snapshot may be from inside the final collective)
+            self._write(PROGRESS_FILE, {**self.snapshot(), "exiting": True})
         if self.final_dump is None and (self.distributed_seen or pg_status()):
             self.final_dump = reason
             self.dump_flight_recorder(reason)

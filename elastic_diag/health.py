@@ -46,6 +46,7 @@ class _RankState:
     watch: Any = None
     seen: bool = False
     in_collective: bool = False  # its last snapshot: a collective enqueued and not completed
+    exiting: bool = False  # the rank's interpreter is shutting down (its beacon said so at exit)
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,6 +118,7 @@ class HealthMonitor:
             st.key, st.changed_at = key, now
         # watched once it shows training activity: a script that never starts a process group, an
         # optimizer or a heartbeat is not a distributed job this monitor can judge
+        st.exiting = bool(data.get("exiting"))
         st.seen = st.seen or bool(seqs or data.get("steps") or data.get("backward") or data.get("heartbeats") or watch)
         st.in_collective = any(int(v.get("last_enqueued_collective", -1)) > int(v.get("last_completed_collective", -1))
                                for v in pg.values() if isinstance(v, dict))  # fmt: skip
@@ -133,7 +135,8 @@ class HealthMonitor:
         for rank, path in self.files.items():
             self.observe(rank, read_progress(path), now)
         exited = self._exited()
-        seen = {r: st for r, st in self.ranks.items() if st.seen and st.changed_at is not None and r not in exited}
+        seen = {r: st for r, st in self.ranks.items()
+                if st.seen and st.changed_at is not None and r not in exited and not st.exiting}  # fmt: skip
         if not seen:
             return None
         wall = self._wall()
