@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import EXAMPLE, ROOT, _kill_leftovers
+from conftest import EXAMPLE, ROOT, Run, _kill_leftovers, launch, torchrun_diag
 
 from elastic_diag import nodes
 
@@ -213,22 +213,19 @@ def test_clock_offset_from_a_ping():
 def test_an_unreachable_endpoint_and_a_port_in_use_are_diagnosed(tmp_path):
     """Node 1 of a job whose store never comes up (nothing listens); node 0 of a job whose store port is
     taken by another process on the host."""
-    port = free_port()
     common = ["--nnodes", "2", "--nproc-per-node", "1", "--rdzv-backend", "c10d", "--rdzv-id", "x", str(EXAMPLE)]
-    unreachable = subprocess.run(
-        [sys.executable, "-m", "elastic_diag.run", "--diag-dir", str(tmp_path / "a"), "--rdzv-endpoint",
-         f"127.0.0.1:{port}", "--rdzv-conf", "is_host=0,read_timeout=5", *common],
-        capture_output=True, text=True, timeout=90, cwd=ROOT)  # fmt: skip
-    d = json.loads((tmp_path / "a" / "report.json").read_text())["diagnosis"]
+
+    def diag_run(name: str, port: int, conf: str) -> tuple[Run, dict]:
+        argv = torchrun_diag("--diag-dir", str(tmp_path / name), "--rdzv-endpoint", f"127.0.0.1:{port}",
+                             "--rdzv-conf", conf, *common)  # fmt: skip
+        run = launch(argv, tmp_path / name, timeout=90)
+        return run, run.report["diagnosis"]
+
+    unreachable, d = diag_run("a", free_port(), "is_host=0,read_timeout=5")
     assert unreachable.returncode != 0 and d["failure_class"] == "rendezvous_timeout", unreachable.stderr[-2000:]
     assert d["signature_id"] == "store-connect-timeout"
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
-        busy = taken.getsockname()[1]
-        in_use = subprocess.run(
-            [sys.executable, "-m", "elastic_diag.run", "--diag-dir", str(tmp_path / "b"), "--rdzv-endpoint",
-             f"127.0.0.1:{busy}", "--rdzv-conf", "is_host=1", *common],
-            capture_output=True, text=True, timeout=90, cwd=ROOT)  # fmt: skip
-    d = json.loads((tmp_path / "b" / "report.json").read_text())["diagnosis"]
+        in_use, d = diag_run("b", taken.getsockname()[1], "is_host=1")
     assert in_use.returncode != 0 and d["failure_class"] == "port_conflict", in_use.stderr[-2000:]
