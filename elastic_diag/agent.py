@@ -332,12 +332,12 @@ class AttemptCapture:
 
     def stop_group(self) -> None:
         """SIGTERM every live rank; torch's own monitor then sees the exits and tears down the rest."""
-        for _lr, w in self.workers.items():
-            if w.proc.poll() is None:
+        for lr, code in self._poll().items():  # the capture's own poll: it records each exit's time
+            if code is None:
                 with contextlib.suppress(OSError):
-                    os.kill(w.proc.pid, signal.SIGTERM)
+                    os.kill(self.workers[lr].proc.pid, signal.SIGTERM)
         deadline = time.monotonic() + 5.0
-        while time.monotonic() < deadline and any(w.proc.poll() is None for w in self.workers.values()):
+        while time.monotonic() < deadline and None in self._poll().values():
             self._sleep(_POLL_S)
 
     def evidence(self, *, final: bool) -> AttemptEvidence:
