@@ -49,9 +49,15 @@ def test_stack_dump_on_signal_while_blocked(tmp_path):
         assert p.stdout.readline().strip() == "ready"
         os.kill(p.pid, bootstrap.DUMP_SIGNAL)
         stacks = tmp_path / "r" / "stacks.txt"
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline and not stacks.read_text():
-            time.sleep(0.05)
+        # faulthandler writes the dump in pieces (one per thread; the beacon is a second thread): read it
+        # once its size has stopped changing
+        deadline, last = time.monotonic() + 10, -1
+        while time.monotonic() < deadline:
+            size = stacks.stat().st_size if stacks.exists() else 0
+            if size and size == last:
+                break
+            last = size
+            time.sleep(0.2)
         dump = parse_stack_dump(stacks.read_text())
         assert dump is not None
         assert dump.main_thread[0].func == "stuck" and dump.in_collective() is False
