@@ -42,7 +42,8 @@ def test_uncaught_exception_is_recorded_with_precise_time(tmp_path):
 
 def test_stack_dump_on_signal_while_blocked(tmp_path):
     script = tmp_path / "s.py"
-    script.write_text("import time\ndef stuck():\n    time.sleep(60)\nprint('ready', flush=True)\nstuck()\n")
+    # 'ready' from inside stuck(): the signal must not arrive before the main thread is in it
+    script.write_text("import time\ndef stuck():\n    print('ready', flush=True)\n    time.sleep(60)\nstuck()\n")
     p = subprocess.Popen([sys.executable, str(script)], env=worker_env(tmp_path / "r"), stdout=subprocess.PIPE,
                          text=True)  # fmt: skip
     try:
