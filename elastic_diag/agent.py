@@ -58,7 +58,7 @@ from elastic_diag.config import DiagConfig
 from elastic_diag.evidence import AttemptEvidence, RankEvidence, parse_stack_dump
 from elastic_diag.gate import AttemptOutcome
 from elastic_diag.health import HangAlarm, HealthMonitor, read_progress
-from elastic_diag.report import format_summary
+from elastic_diag.report import print_summary
 from elastic_diag.session import DiagSession
 
 logger = logging.getLogger(__name__)
@@ -388,6 +388,8 @@ class AttemptCapture:
                     flight_record=record,
                     nonfinite=read_json(w.layout.path(beacon.NONFINITE_FILE)),
                     step_durations=durations,
+                    progress_time=_number(progress.get("progress_time")),
+                    steps=int(progress["steps"]) if isinstance(progress.get("steps"), int) else None,
                 )
             )
         self.problems = [*self.missing_evidence, *problems]
@@ -515,7 +517,7 @@ class DiagAgent(LocalElasticAgent):
         if self._print_summary:
             try:
                 report = self._session.finish("succeeded" if result.state == WorkerState.SUCCEEDED else "failed")
-                print(format_summary(report, str(self._session.report_path)), file=sys.stderr)
+                print_summary(report, str(self._session.report_path))
             except Exception as e:
                 self._session.internal_error("writing the report at the end of the run", e)
         return result
@@ -735,6 +737,10 @@ class DiagAgent(LocalElasticAgent):
         evidence = evidence_from_failures(restart_count, result.failures, worker_group, self._node)
         self._session.note(f"attempt {restart_count}: verdict from exit codes only (no evidence folder)")
         self._session.record_attempt(evidence, classify_attempt(evidence), status="failed", final=True)
+
+
+def _number(value: Any) -> float | None:
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
 
 
 def _completed_a_collective(progress: dict[str, Any]) -> bool:

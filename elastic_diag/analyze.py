@@ -18,13 +18,13 @@ import re
 import shutil
 import subprocess
 from collections import deque
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from elastic_diag.classify import Diagnosis, classify_attempt
+from elastic_diag.classify import Diagnosis, classify_attempt, format_ranks
 from elastic_diag.evidence import AttemptEvidence, ExceptionRecord, RankEvidence, parse_stack_dump, signal_name
 from elastic_diag.flight_recorder import RankRecord, load_dump, parse_record
 from elastic_diag.logs import (
@@ -38,6 +38,7 @@ from elastic_diag.logs import (
     rank_from_path,
 )
 from elastic_diag.taxonomy import Signature, Taxonomy, load_taxonomy
+from elastic_diag.terminal import Paint
 
 SCHEMA = "elastic_diag.analysis/1"
 ENV_NO_GREP = "ELASTIC_DIAG_NO_GREP"  # "1": never use the system grep as the prefilter
@@ -222,18 +223,24 @@ class Analyzer:
         self.pid_hits: list[tuple[int, Hit]] = []
         self.ds_exits: list[tuple[str | None, int, int]] = []
         self.flight_records: dict[int, RankRecord] = {}
+        self.progress: Callable[[str], None] = lambda _text: None
 
     def rank(self, r: int) -> RankLog:
         if r not in self.ranks:
             self.ranks[r] = RankLog(rank=r)
         return self.ranks[r]
 
-    def add_paths(self, paths: Iterable[str | Path]) -> None:
+    def add_paths(self, paths: Iterable[str | Path], progress: Callable[[str], None] | None = None) -> None:
+        """Read every file under ``paths``; ``progress`` hears how far it got (a terminal's progress line)."""
+        self.progress = progress or (lambda _text: None)
         files = list(iter_files(paths, self.skipped))
+        self.progress(f"{len(files)} file(s) found")
         done = self._grep_scan(files) if self.use_grep else set()
-        for f in files:
+        for i, f in enumerate(files):
             if f in done:
                 continue
+            if i % 16 == 0:
+                self.progress(f"file {i + 1} of {len(files)}: {f.name}")
             try:
                 self.add_file(f)
             except OSError as e:
@@ -275,7 +282,8 @@ class Analyzer:
         size = max(1, min(256, -(-len(eligible) // workers)))
         batches = [eligible[i : i + size] for i in range(0, len(eligible), size)]
         with ThreadPoolExecutor(max_workers=workers) as pool:
-            for batch, out in zip(batches, pool.map(grep, batches), strict=True):
+            for n, (batch, out) in enumerate(zip(batches, pool.map(grep, batches), strict=True)):
+                self.progress(f"scanned {min((n + 1) * size, len(eligible))} of {len(eligible)} log file(s)")
                 if out is not None:
                     self._grep_batch(batch, out, done)
         return done
@@ -778,20 +786,23 @@ def _unranked_diagnosis(hits: list[Hit]) -> Diagnosis:
     )
 
 
-def analyze_paths(paths: Iterable[str | Path], taxonomy: Taxonomy | None = None) -> Analysis:
+def analyze_paths(
+    paths: Iterable[str | Path], taxonomy: Taxonomy | None = None, progress: Callable[[str], None] | None = None
+) -> Analysis:
     analyzer = Analyzer(taxonomy)
-    analyzer.add_paths(paths)
+    analyzer.add_paths(paths, progress)
     return analyzer.finish()
 
 
-def format_analysis(a: Analysis) -> str:
+def format_analysis(a: Analysis, paint: Paint | None = None) -> str:
+    paint = paint or Paint(False)
     d = a.diagnosis
     out = []
     if d.failure_class == "healthy":
-        out.append("elastic-diag analyze: healthy, no rank reported an error")
+        out.append(paint("elastic-diag analyze: healthy, no rank reported an error", "bold", "green"))
     else:
         who = f"rank {d.initiating_rank}" if d.initiating_rank is not None else "no rank can be named"
-        out.append(f"elastic-diag analyze: {d.failure_class}; initiating: {who}")
+        out.append(paint(f"elastic-diag analyze: {d.failure_class}; initiating: {who}", "bold", "red"))
     out.append(f"  {d.summary}")
     if a.torchrun_root is not None and a.torchrun_root != d.initiating_rank:
         out.append(f"  (torchrun's own summary named rank {a.torchrun_root} as root cause; that rank was only waiting)")
@@ -802,11 +813,11 @@ def format_analysis(a: Analysis) -> str:
     for r, role in sorted(d.roles.items()):
         roles.setdefault(role, []).append(r)
     if roles:
-        out.append("  roles: " + "; ".join(f"{k} {v}" for k, v in sorted(roles.items())))
+        out.append("  roles: " + "; ".join(f"{k} {format_ranks(v)}" for k, v in sorted(roles.items())))
     if d.fix:
-        out.append("  fix: " + " ".join(d.fix.split()))
+        out.append(paint("  fix: ", "bold") + " ".join(d.fix.split()))
     if d.verify:
-        out.append(f"  verify: {d.verify}")
+        out.append(paint("  verify: ", "bold") + d.verify)
     if a.context:
         out.append(f"  context ({len(a.context) - 1} lines before the decisive line):")
         out.extend(f"    | {line}" for line in a.context[-12:])

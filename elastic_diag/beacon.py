@@ -59,6 +59,7 @@ class Beacon:
         self.steps = 0
         self.step_durations: deque[float] = deque(maxlen=STEP_HISTORY)
         self.last_step: float | None = None
+        self.progress_time: float | None = None  # wall clock of the last step, backward or heartbeat
         self.backward = 0
         self.heartbeats = 0
         self.watch: list[Any] | None = None  # [name, started, timeout]
@@ -101,6 +102,7 @@ class Beacon:
                 "time": time.time(),
                 "pid": os.getpid(),
                 "steps": self.steps,
+                "progress_time": self.progress_time,
                 "step_durations": list(self.step_durations),
                 "backward": self.backward,
                 "heartbeats": self.heartbeats,
@@ -184,10 +186,12 @@ class Beacon:
                 self.step_durations.append(now - self.last_step)
             self.last_step = now
             self.steps += 1
+            self.progress_time = time.time()
 
     def on_backward(self, tensor: Any) -> None:
         with self.lock:
             self.backward += 1
+            self.progress_time = time.time()
             count = self.backward
         try:
             if tensor.numel() != 1 or not tensor.is_floating_point():
@@ -295,6 +299,7 @@ def heartbeat() -> None:
     if b is not None:
         with b.lock:
             b.heartbeats += 1
+            b.progress_time = time.time()
 
 
 @contextlib.contextmanager
@@ -313,3 +318,4 @@ def watch(name: str, timeout: float | None = None) -> Iterator[None]:
         with b.lock:
             b.watch = previous
             b.heartbeats += 1
+            b.progress_time = time.time()

@@ -1,7 +1,8 @@
 """``elastic-diag``: the command-line front door.
 
 Subcommands: ``run`` (the same as ``torchrun-diag``), ``analyze PATH...`` (offline, no torch),
-``signatures`` (list the taxonomy), ``explain ID`` (one signature as a page).
+``report DIR`` (render report.html), ``signatures`` (list the taxonomy), ``explain ID`` (one
+signature as a page).
 ``main(argv) -> parse -> subcommand``; only ``main`` touches the exit status.
 """
 
@@ -72,16 +73,36 @@ def _cmd_analyze(args: argparse.Namespace) -> int:
     import json
 
     from elastic_diag.analyze import analyze_paths, format_analysis
+    from elastic_diag.terminal import Paint, Progress, wants_colour
 
     missing = [p for p in args.paths if not os.path.exists(p)]
     if len(missing) == len(args.paths):
         print(f"elastic-diag: error: no such file or folder: {', '.join(missing)}", file=sys.stderr)
         return EXIT_USAGE
-    analysis = analyze_paths(args.paths)
+    with Progress("elastic-diag analyze", sys.stderr) as progress:
+        analysis = analyze_paths(args.paths, progress=progress.update)
     if args.json:
         print(json.dumps(analysis.to_json(), indent=2))
     else:
-        print(format_analysis(analysis))
+        print(format_analysis(analysis, Paint(wants_colour(sys.stdout))))
+    return EXIT_OK
+
+
+def _cmd_report(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from elastic_diag.html_report import write_html
+
+    diag_dir = Path(args.diag_dir)
+    if diag_dir.is_file() and diag_dir.name.endswith(".json"):
+        diag_dir = diag_dir.parent
+    if not diag_dir.is_dir():
+        print(f"elastic-diag: error: no such folder: {args.diag_dir}", file=sys.stderr)
+        return EXIT_USAGE
+    path, problems = write_html(diag_dir)
+    for p in problems:
+        print(f"elastic-diag: {p}", file=sys.stderr)
+    print(path)
     return EXIT_OK
 
 
@@ -96,6 +117,9 @@ def get_parser() -> argparse.ArgumentParser:
     analyze.add_argument("paths", nargs="+", help="log files, torchrun log dirs, elastic_diag diag dirs")
     analyze.add_argument("--json", action="store_true", help="print one JSON object (elastic_diag.analysis/1)")
     analyze.set_defaults(func=_cmd_analyze)
+    report = sub.add_parser("report", help="(re)render report.html of a diag dir, from its report.json")
+    report.add_argument("diag_dir", help="the run's diag dir (or its report.json)")
+    report.set_defaults(func=_cmd_report)
     explain = sub.add_parser("explain", help="explain one failure signature")
     explain.add_argument("signature_id")
     explain.set_defaults(func=_cmd_explain)

@@ -157,6 +157,8 @@ class RankEvidence:
     flight_record: RankRecord | None = None
     nonfinite: dict[str, Any] | None = None  # the first non-finite loss this rank backpropagated
     step_durations: tuple[float, ...] = ()
+    progress_time: float | None = None  # when the beacon last saw a step, backward or heartbeat
+    steps: int | None = None  # optimizer steps the beacon counted
 
     def location(self) -> str | None:
         """Where the rank's own code was when it failed or was stopped: its traceback, the stack the

@@ -32,6 +32,7 @@ from typing import Any, Protocol
 from tenacity import RetryError, Retrying, retry_if_result, stop_after_attempt, stop_after_delay, wait_exponential
 
 from elastic_diag.errors import UsageError
+from elastic_diag.terminal import Progress
 
 BUILTIN_CONTROLS = ("collective", "checkpoint", "disk", "signature")
 DETERMINISTIC_CLASSES = ("collective_desync", "collective_mismatch")
@@ -373,12 +374,14 @@ def default_controls(checkpoint_dir: Path | None) -> list[str]:
 
 def verify(specs: Sequence[str], ctx: ControlContext) -> list[ControlResult]:
     """Run the controls in order; stop at the first that fails. ``signature`` checks the other
-    controls' output for the failure's signature lines (it must be absent)."""
+    controls' output for the failure's signature lines (it must be absent). A terminal sees a progress
+    line while each control runs."""
     results: list[ControlResult] = []
     for spec in specs:
         if spec == "signature":
             continue
-        result = run_control(spec, ctx)
+        with Progress(f"elastic_diag: verification control {spec!r} before a restart"):
+            result = run_control(spec, ctx)
         results.append(result)
         if not result.passed:
             return results

@@ -53,6 +53,9 @@ def record_of(evidence: AttemptEvidence, *, node: str, group_rank: int, offset: 
             "pid": ev.pid,
             "exit_code": ev.exit_code,
             "exit_time": _shift(ev.exit_time, offset),
+            "start_time": _shift(ev.start_time, offset),
+            "progress_time": _shift(ev.progress_time, offset),
+            "steps": ev.steps,
             "alive_at_decision": ev.alive_at_decision,
             "stopped_by_agent": ev.stopped_by_agent,
             "exception": {"type": exc.type, "message": exc.message[:2000], "traceback": exc.traceback[-4000:],
@@ -117,6 +120,10 @@ def diagnosis_from_json(d: dict[str, Any], roles: dict[str, str]) -> Diagnosis:
     )
 
 
+def _time(value: Any) -> float | None:
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
+
+
 def _rank_evidence(node: str, r: dict[str, Any]) -> RankEvidence:
     exc = r.get("exception")
     stack = r.get("stack")
@@ -127,6 +134,9 @@ def _rank_evidence(node: str, r: dict[str, Any]) -> RankEvidence:
         pid=r.get("pid"),
         exit_code=r.get("exit_code"),
         exit_time=r.get("exit_time"),
+        start_time=_time(r.get("start_time")),
+        progress_time=_time(r.get("progress_time")),
+        steps=r.get("steps") if isinstance(r.get("steps"), int) else None,
         alive_at_decision=bool(r.get("alive_at_decision")),
         stopped_by_agent=bool(r.get("stopped_by_agent")),
         exception=ExceptionRecord(type=str(exc["type"]), message=str(exc.get("message", "")),

@@ -13,11 +13,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from elastic_diag.classify import Diagnosis
+from elastic_diag.classify import Diagnosis, format_ranks
 from elastic_diag.evidence import AttemptEvidence, RankEvidence
+from elastic_diag.rank_story import group_rows, rank_rows, short_location
+from elastic_diag.terminal import ROLE_STYLE, Paint, is_tty, table, wants_colour
 
 SCHEMA = "elastic_diag.report/1"
 REPORT_FILE = "report.json"
+HTML_FILE = "report.html"
+TABLE_PER_RANK = 8  # the terminal's table: a row a rank up to this many, then a row a story
 LAST_LINES = 20
 STACK_CHARS = 20_000
 
@@ -49,6 +53,9 @@ def rank_entry(ev: RankEvidence, role: str) -> dict[str, Any]:
         "pid": ev.pid,
         "exit_time": ev.exit_time,
         "start_time": ev.start_time,
+        "last_progress_time": ev.progress_time,
+        "steps": ev.steps,
+        "location": ev.location(),
         "exception": (
             {"type": ev.exception.type, "message": ev.exception.message, "time": ev.exception.time}
             if ev.exception
@@ -69,6 +76,7 @@ def attempt_entry(record: AttemptRecord) -> dict[str, Any]:
         **({"hang": record.evidence.hang} if record.evidence.hang else {}),
         **({"gate": record.gate} if record.gate else {}),
         "came_up": record.evidence.came_up,
+        "decided_at": record.evidence.decided_at,
         **({"nodes": record.cluster} if record.cluster else {}),
     }
 
@@ -125,14 +133,17 @@ def write_json_atomic(path: Path, data: dict[str, Any]) -> None:
     os.replace(tmp, path)
 
 
-def format_summary(report: dict[str, Any], report_path: str) -> str:
-    """The few lines a person reads first, at the end of the run."""
+def format_summary(report: dict[str, Any], report_path: str, *, paint: Paint | None = None,
+                   compact_table: bool = False) -> str:  # fmt: skip
+    """The few lines a person reads first, at the end of the run. On a terminal (``compact_table``,
+    ``paint`` with colour) the ranks come as a table of stories instead of one line of roles."""
+    paint = paint or Paint(False)
     d = report["diagnosis"]
     n = len(report["attempts"])
     lines = []
     if report["status"] == "succeeded":
         extra = f" after {n - 1} failed attempt(s)" if n > 1 else ""
-        lines.append(f"elastic_diag: job succeeded{extra}.")
+        lines.append(paint(f"elastic_diag: job succeeded{extra}.", "bold", "green"))
         for a in report["attempts"][:-1]:
             ad = a["diagnosis"]
             lines.append(
@@ -143,20 +154,29 @@ def format_summary(report: dict[str, Any], report_path: str) -> str:
         if d["initiating_rank"] is not None:
             who = f"initiating rank {d['initiating_rank']} on {d['initiating_node']}"
         exc = f" ({d['exception_type']})" if d.get("exception_type") else ""
-        lines.append(f"elastic_diag: job FAILED: {who}: {d['failure_class']}{exc}")
+        lines.append(
+            paint("elastic_diag: job FAILED: ", "bold", "red") + paint(f"{who}: {d['failure_class']}{exc}", "bold")
+        )
         lines.append(f"  {d['summary']}")
         if d["evidence"]:
             lines.append("  decisive lines:")
             lines.extend(f"    {e}" for e in d["evidence"])
-        roles: dict[str, list[int]] = {}
-        for r in report["ranks"]:
-            roles.setdefault(r["role"], []).append(r["rank"])
-        if roles:
-            lines.append("  roles: " + "; ".join(f"{k} {v}" for k, v in sorted(roles.items())))
+        if compact_table and report["ranks"]:
+            groups = group_rows(rank_rows(report["ranks"]), per_rank=TABLE_PER_RANK)
+            rows = [[g.label, g.first.role, g.first.how, short_location(g.first.location) or g.first.exception]
+                    for g in groups]  # fmt: skip
+            styles = [ROLE_STYLE.get(g.first.role, ()) for g in groups]
+            lines.extend("  " + t for t in table(["ranks", "role", "ended", "where / error"], rows, paint, styles))
+        else:
+            roles: dict[str, list[int]] = {}
+            for r in report["ranks"]:
+                roles.setdefault(r["role"], []).append(r["rank"])
+            if roles:
+                lines.append("  roles: " + "; ".join(f"{k} {format_ranks(v)}" for k, v in sorted(roles.items())))
         if d.get("fix"):
-            lines.append("  fix: " + " ".join(str(d["fix"]).split()))
+            lines.append(paint("  fix: ", "bold") + " ".join(str(d["fix"]).split()))
         if d.get("verify"):
-            lines.append(f"  verify: {d['verify']}")
+            lines.append(paint("  verify: ", "bold") + str(d["verify"]))
         if n > 1:
             lines.append(f"  attempts: {n} (each has its own verdict in the report)")
             if report["attempts"][-1].get("came_up") is False:
@@ -169,8 +189,18 @@ def format_summary(report: dict[str, Any], report_path: str) -> str:
                 lines.append(f"    control {c['name']}: {'passed' if c['passed'] else 'FAILED'}: {c['summary']}"
                              + (f" (output: {c['output_file']})" if c.get("output_file") else ""))  # fmt: skip
     for w in report.get("warnings", []):
-        lines.append(f"  warning ({w.get('class')}): {w.get('summary')}")
+        lines.append(paint(f"  warning ({w.get('class')}): {w.get('summary')}", "yellow"))
     for err in report.get("internal_errors", []):
         lines.append(f"  elastic_diag internal error (the job was not affected): {err}")
-    lines.append(f"  evidence: {report['diag_dir']}  (report: {report_path})")
+    page = os.path.join(os.path.dirname(report_path), HTML_FILE)
+    lines.append(f"  evidence: {report['diag_dir']}  (report: {report_path}; page: {page})")
     return "\n".join(lines)
+
+
+def print_summary(report: dict[str, Any], report_path: str, stream: Any = None) -> None:
+    """The summary on ``stream`` (stderr), with colour and a table when it is a terminal."""
+    import sys
+
+    stream = stream if stream is not None else sys.stderr
+    text = format_summary(report, report_path, paint=Paint(wants_colour(stream)), compact_table=is_tty(stream))
+    print(text, file=stream)

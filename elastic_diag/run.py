@@ -154,7 +154,7 @@ def run_diagnosed(args: argparse.Namespace) -> int:
     from elastic_diag.config import DiagConfig
     from elastic_diag.gate import load_policy
     from elastic_diag.launcher import launch_agent
-    from elastic_diag.report import format_summary
+    from elastic_diag.report import print_summary
     from elastic_diag.session import DiagSession
 
     _check_script(args)
@@ -198,17 +198,17 @@ def run_diagnosed(args: argparse.Namespace) -> int:
             except Exception as copy_error:
                 session.internal_error("copying the root cause into the launcher's error file", copy_error)
         print(str(e), file=sys.stderr)
-        print(format_summary(report, str(session.report_path)), file=sys.stderr)
+        print_summary(report, str(session.report_path))
         return {"refused": EXIT_RESTART_REFUSED, "verification_failed": EXIT_VERIFY_FAILED}.get(
             session.gate_outcome or "", EXIT_FAILED
         )
     except BaseException as e:
         text = "".join(traceback.format_exception(e))
         report = session.finish("failed", launch_diagnosis=classify_launch_error(text, context=session.launch_context))
-        print(format_summary(report, str(session.report_path)), file=sys.stderr)
+        print_summary(report, str(session.report_path))
         raise
     report = session.finish("succeeded")
-    print(format_summary(report, str(session.report_path)), file=sys.stderr)
+    print_summary(report, str(session.report_path))
     return EXIT_OK
 
 

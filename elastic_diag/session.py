@@ -15,6 +15,7 @@ from typing import Any
 from elastic_diag.classify import Diagnosis
 from elastic_diag.config import DiagConfig
 from elastic_diag.evidence import AttemptEvidence
+from elastic_diag.html_report import write_html
 from elastic_diag.report import REPORT_FILE, AttemptRecord, build_report, write_json_atomic
 
 logger = logging.getLogger(__name__)
@@ -106,6 +107,10 @@ class DiagSession:
     def write(self) -> dict[str, Any]:
         report = self.report()
         self._write(self.report_path, report)
+        try:  # the page a person opens, beside the JSON
+            write_html(self.report_path.parent, report)
+        except Exception as e:  # the job comes first; report.json is written
+            logger.error("elastic_diag: could not write report.html: %r", e)
         return report
 
     def _write(self, path: Path, data: dict[str, Any]) -> None:
