@@ -191,7 +191,7 @@ def _unattributed(
     )
 
 
-def _fmt_ranks(ranks: list[int]) -> str:
+def format_ranks(ranks: list[int]) -> str:
     """``0-736, 738-1023``: runs of three or more consecutive ranks as ranges (summaries of big jobs)."""
     if not ranks:
         return "none"
@@ -206,6 +206,15 @@ def _fmt_ranks(ranks: list[int]) -> str:
         if r is not None:
             start = prev = r
     return ", ".join(parts)
+
+
+def _ranks(ranks: list[int]) -> str:
+    """``Rank 3`` or ``Ranks 0, 1, 3``: the subject of a summary's sentence."""
+    return f"Rank {ranks[0]}" if len(ranks) == 1 else f"Ranks {format_ranks(ranks)}"
+
+
+def _were(ranks: list[int]) -> str:
+    return "was" if len(ranks) == 1 else "were"
 
 
 def classify_attempt(
@@ -314,7 +323,7 @@ def classify_attempt(
         if cls not in ("collective_timeout", "network_error"):
             cls = "collective_timeout" if collateral else "unknown"
         summary = (
-            f"Ranks {_fmt_ranks(collateral_ranks)} failed waiting for a peer, but the evidence names no "
+            f"Ranks {format_ranks(collateral_ranks)} failed waiting for a peer, but the evidence names no "
             "rank that failed first (no rank failed differently, and none was seen alive outside a "
             "collective); the cause may be on a rank or node whose evidence is missing."
         )
@@ -336,7 +345,7 @@ def classify_attempt(
         return _unattributed(
             initiating.signature,
             "nan_inf",
-            f"Ranks {_fmt_ranks(sorted([initiating.rank] + [f.rank for f in together]))} became non-finite "
+            f"Ranks {format_ranks(sorted([initiating.rank] + [f.rank for f in together]))} became non-finite "
             "together (the check is all-reduced); these logs do not show whose LOCAL loss or gradients went "
             "non-finite first. Log each rank's local loss before the all_reduce to name it.",
             initiating.lines,
@@ -356,6 +365,12 @@ def classify_attempt(
         sig = initiating.signature
         cls = initiating.failure_class
         lines = list(initiating.lines)
+    elif collateral and all(f.failure_class == "rendezvous_timeout" for f in collateral):
+        # its peers timed out waiting for it to join the process group: it never arrived
+        sig = collateral[0].signature
+        cls = "rendezvous_timeout"
+        frame = ev.stack.user_frame() if ev.stack else None
+        lines = [f"rank {ev.rank} never joined the process group" + (f"; it was at {frame}" if frame else "")]
     else:
         sig = tax.get("hang-outside-collective")
         cls = sig.failure_class
@@ -376,26 +391,29 @@ def classify_attempt(
         "killed": f"was killed by {ev.signal or 'a signal'} from outside the job",
         "silent_exit": f"exited with status {ev.exit_code} without a traceback",
         "hang": "was stuck outside any collective",
+        "rendezvous_timeout": "never joined the process group its peers waited for",
     }.get(cls, f"failed ({sig.title if sig else cls})")
     if naming is not None:
         what = f"is named by its peers: {sig.title if sig else cls}"
     elif cls == "hang" and ev.stack is None:
         what = "never reached the collective its peers waited in (it reported no error of its own)"
     loc = ev.exception.location() if ev.exception and cls in ("python_exception", "host_oom") else None
-    if cls == "hang" and ev.stack is not None and ev.stack.user_frame() is not None:
+    if cls in ("hang", "rendezvous_timeout") and ev.stack is not None and ev.stack.user_frame() is not None:
         loc = str(ev.stack.user_frame())
     where = f" on {ev.node}" if ev.node else ""
     summary = f"Rank {ev.rank}{where} {what}" + (f" at {loc}" if loc else "")
     summary += ", while its peers waited." if cls == "hang" and ev.stack is not None else "."
     if collateral_ranks and evidence.hang is not None and initiating.state != "failed":
-        summary += f" Ranks {_fmt_ranks(collateral_ranks)} waited for it inside a collective and were stopped."
+        were = _were(collateral_ranks)
+        summary += f" {_ranks(collateral_ranks)} waited for it inside a collective and {were} stopped."
     elif collateral_ranks:
-        summary += f" Ranks {_fmt_ranks(collateral_ranks)} then failed waiting for it."
+        summary += f" {_ranks(collateral_ranks)} then failed waiting for it."
     stopped = sorted(r for r, role in roles.items() if role == "stopped")
     if stopped:
-        summary += f" Ranks {_fmt_ranks(stopped)} were stopped by the launcher."
+        summary += f" {_ranks(stopped)} {_were(stopped)} stopped by the launcher."
     if other_primary:
-        summary += f" Ranks {_fmt_ranks(other_primary)} also failed on their own, later."
+        their = "its" if len(other_primary) == 1 else "their"
+        summary += f" {_ranks(other_primary)} also failed on {their} own, later."
     if reason and cls != "hang":
         summary += f" (Rank {ev.rank} {reason}.)"
 
@@ -461,7 +479,7 @@ def _locations_lines(evidence: AttemptEvidence, focus: int) -> list[str]:
             groups.setdefault(loc, []).append(ev.rank)
     own = next((ev.location() for ev in evidence.ranks if ev.rank == focus), None)
     lines = [f"rank {focus} was at {own}"] if own else []
-    lines.extend(f"ranks {_fmt_ranks(rs)} were at {loc}" for loc, rs in sorted(groups.items(), key=lambda kv: kv[1]))
+    lines.extend(f"ranks {format_ranks(rs)} were at {loc}" for loc, rs in sorted(groups.items(), key=lambda kv: kv[1]))
     return lines
 
 
@@ -504,7 +522,7 @@ def _schedule_verdict(
         what = "the same collective with other sizes, dtypes or op" if mismatch else "a different collective"
         summary = (
             f"Rank {rank}{where} issued {what} than its peers at collective #{finding.seq} of process group "
-            f"{finding.group}: {finding.sides[rank]} against {theirs} on ranks {_fmt_ranks(others)}"
+            f"{finding.group}: {finding.sides[rank]} against {theirs} on ranks {format_ranks(others)}"
         )
         lines = [
             f"elastic_diag: collective schedules part at process group {finding.group}, collective #{finding.seq}: "
@@ -523,7 +541,7 @@ def _schedule_verdict(
     summary += f"; rank {rank} was at {loc}." if loc else "."
     collateral = sorted(r for r, role in roles.items() if role == "collateral")
     if collateral:
-        summary += f" Ranks {_fmt_ranks(collateral)} then failed in the collectives that no longer matched."
+        summary += f" {_ranks(collateral)} then failed in the collectives that no longer matched."
     lines.extend(_locations_lines(evidence, rank))
     for f in findings.values():
         if f.rank != rank and f.state == "failed" and f.lines:
@@ -561,10 +579,10 @@ def _nonfinite_verdict(evidence: AttemptEvidence, findings: dict[int, RankFindin
     )
     others = [m for m in marks[1:]]
     if others:
-        summary += " Ranks " + _fmt_ranks([m[2] for m in others]) + " had a non-finite loss only later."
+        summary += " Ranks " + format_ranks([m[2] for m in others]) + " had a non-finite loss only later."
     collateral = sorted(r for r, role in roles.items() if role == "collateral")
     if collateral:
-        summary += f" Ranks {_fmt_ranks(collateral)} then failed on the non-finite values."
+        summary += f" {_ranks(collateral)} then failed on the non-finite values."
     lines = [f"rank {rank}: loss.backward() on a non-finite loss (backward #{backward}) at {nf.get('where')}"]
     lines.extend(f"rank {f.rank}: {f.lines[0]}" for f in findings.values() if f.rank != rank and f.lines)
     return _named(sig, "nan_inf", ev, summary, lines, roles,

@@ -176,9 +176,9 @@ def test_monitored_barrier_names_the_missing_rank():
 
 
 def test_rank_lists_in_summaries_are_ranges() -> None:
-    from elastic_diag.classify import _fmt_ranks
+    from elastic_diag.classify import format_ranks
 
-    assert _fmt_ranks([]) == "none"
-    assert _fmt_ranks([2, 1]) == "1, 2"
-    assert _fmt_ranks([0, 1, 2, 3, 5, 7, 8, 10, 11, 12]) == "0-3, 5, 7, 8, 10-12"
-    assert _fmt_ranks([*range(737), *range(738, 1024)]) == "0-736, 738-1023"
+    assert format_ranks([]) == "none"
+    assert format_ranks([2, 1]) == "1, 2"
+    assert format_ranks([0, 1, 2, 3, 5, 7, 8, 10, 11, 12]) == "0-3, 5, 7, 8, 10-12"
+    assert format_ranks([*range(737), *range(738, 1024)]) == "0-736, 738-1023"
