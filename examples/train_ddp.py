@@ -3,20 +3,17 @@
     torchrun-diag --standalone --nproc-per-node 4 examples/train_ddp.py --inject exception --culprit-rank 2
 
 ``--inject`` chooses what the culprit rank does at ``--at-step``; every other rank trains on and
-meets the consequences in its next collective, as in a real job. ``--mark-file`` makes the culprit
-write the wall-clock time of its failure first (the detection-latency benchmark reads it).
+meets the consequences in its next collective, as in a real job. Every failure class elastic_diag
+knows has an injection (examples/faults.py, shared with train_fsdp2.py), plus three that only DDP
+has: ``exception-after-cleanup``, ``unused-layer`` and ``slow-first-step``. ``--mark-file`` makes the
+culprit write the wall-clock time of its failure first (the detection-latency benchmark reads it).
 """
 
 from __future__ import annotations
 
 import argparse
-import ctypes
 import os
-import queue
-import re
-import signal
 import sys
-import threading
 import time
 import traceback
 from datetime import timedelta
@@ -25,33 +22,24 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-INJECTIONS = (
-    "none",
-    "exception",
-    "exception-after-cleanup",
-    "segfault",
-    "sigkill",
-    "exit",
-    "memoryerror",
-    "hang",
-    "transient",
-    "deadlock",
-    "infinite-loop",
-    "skip-collective",
-    "extra-collective",
-    "shape-mismatch",
-    "unused-layer",
-    "straggler",
-    "slow-first-step",
-    "regex-hang",
-)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import faults  # noqa: E402  (examples/faults.py, beside this script)
+
+INJECTIONS: dict[str, str] = {
+    **faults.INJECTIONS,
+    "exception-after-cleanup": "python_exception",  # the job's own cleanup runs before it re-raises
+    "unused-layer": "collective_desync",  # one rank's batch skips a layer: DDP's reducer waits forever
+    "slow-first-step": "healthy",  # a slow warm-up is not a hang
+}
 # These change what the culprit does from --at-step on, inside the training step (see train()).
-IN_STEP = ("skip-collective", "extra-collective", "shape-mismatch", "unused-layer", "straggler", "slow-first-step")
+IN_STEP = (*faults.IN_STEP, "unused-layer", "slow-first-step")
 
 
 def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--inject", choices=INJECTIONS, default="none")
+    p.add_argument("--inject", choices=INJECTIONS, default="none", metavar="KIND",
+                   help="what the culprit does: " + faults.describe() + "; exception-after-cleanup, unused-layer "
+                   "(collective_desync), slow-first-step (healthy)")  # fmt: skip
     p.add_argument("--culprit-rank", type=int, default=1)
     p.add_argument("--at-step", type=int, default=3)
     p.add_argument("--steps", type=int, default=12)
@@ -71,66 +59,9 @@ def load_batch(step: int, rank: int) -> tuple[torch.Tensor, torch.Tensor]:
     return x, x.sum(dim=1, keepdim=True)
 
 
-def inject(kind: str, args: argparse.Namespace) -> None:
-    # A last word on stderr, as a real job's log would have before it dies (kept even after SIGKILL).
-    print(f"rank {os.environ.get('RANK')}: step {args.at_step}: injecting {kind}", file=sys.stderr, flush=True)
-    if args.mark_file:
-        with open(args.mark_file, "w") as fp:
-            fp.write(repr(time.time()))
-    if kind == "exception" or (kind == "transient" and os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0"):
-        raise ValueError(f"injected failure: bad batch at step {args.at_step}")
-    if kind == "exception-after-cleanup":
-        raise ValueError(f"injected failure: bad batch at step {args.at_step}")  # cleaned up in main()
-    if kind == "segfault":
-        ctypes.string_at(0)  # reads address 0: SIGSEGV in native code
-    if kind == "sigkill":
-        os.kill(os.getpid(), signal.SIGKILL)
-    if kind == "exit":
-        os._exit(1)
-    if kind == "memoryerror":
-        _ = b"x" * (1 << 62)
-    if kind == "hang":
-        while True:  # stuck outside any collective; the peers wait in the next all_reduce
-            time.sleep(0.5)
-    if kind == "deadlock":
-        deadlocked_loader()
-    if kind == "infinite-loop":
-        spin()
-    if kind == "regex-hang":
-        # catastrophic backtracking: the regex engine holds the GIL for hours, so no Python thread of
-        # this process runs (only a signal handler written in C can still dump its stack)
-        re.match(r"(a+)+$", "a" * 64 + "!")
-
-
-def deadlocked_loader() -> None:
-    """A prefetching loader thread that takes two locks in the opposite order to the main thread: the
-    main thread then waits forever for a batch that never comes (a classic dataloader deadlock)."""
-    batches: queue.Queue[int] = queue.Queue()
-    a, b = threading.Lock(), threading.Lock()
-
-    def loader() -> None:
-        with b:
-            time.sleep(0.2)
-            with a:
-                batches.put(1)
-
-    threading.Thread(target=loader, name="prefetch", daemon=True).start()
-    with a:
-        time.sleep(0.1)
-        with b:
-            pass
-    batches.get()
-
-
-def spin() -> None:
-    """A Python loop that never ends (a convergence loop whose condition is never met)."""
-    x = 0.0
-    while x >= 0:
-        x = (x + 1.0) % 1000.0
-
-
 def main() -> None:
     args = parse_args()
+    faults.before_init(args.inject, int(os.environ.get("RANK", "0")), args.culprit_rank, args.pg_timeout)
     dist.init_process_group("gloo", timeout=timedelta(seconds=args.pg_timeout))
     torch.manual_seed(0)
     w = args.width
@@ -161,24 +92,38 @@ def train(args: argparse.Namespace, model: torch.nn.Module) -> None:
     times = open(args.step_times, "a") if args.step_times else None  # noqa: SIM115
     for step in range(args.steps):
         t0 = time.perf_counter()
-        if step == args.at_step and rank == args.culprit_rank and args.inject != "none":
-            inject(args.inject, args)
+        at = step == args.at_step
+        if at and rank == args.culprit_rank and args.inject not in ("none", "late-join", *IN_STEP):
+            if args.inject == "exception-after-cleanup":
+                faults.announce(args.inject, step)
+                faults.mark(args.mark_file)
+                raise ValueError(f"injected failure: bad batch at step {step}")  # cleaned up in main()
+            faults.inject_now(args.inject, step, args.mark_file, model)
         culprit = rank == args.culprit_rank and args.inject in IN_STEP
+        if culprit and at:
+            faults.announce(args.inject, step)
+            faults.mark(args.mark_file)
         x, y = load_batch(step, rank)
-        if culprit and args.inject == "unused-layer" and step == args.at_step:
+        if culprit and args.inject == "nan" and at:
+            x[0, 0] = float("nan")  # one bad sample in this rank's batch: its local loss goes NaN
+        if args.inject == "recv-deadlock" and at:
+            faults.recv_deadlock()  # every rank: each waits for the next, none sends
+        if culprit and args.inject == "unused-layer" and at:
             # this rank's batch takes a path that skips the last layer: its gradients are never reduced
             loss = torch.nn.functional.mse_loss(model.module[:-1](x).sum(dim=1, keepdim=True), y)
         else:
             loss = torch.nn.functional.mse_loss(model(x), y)
         opt.zero_grad()
         loss.backward()
+        if args.inject == "nan":
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0, error_if_nonfinite=True)
         opt.step()
         mean_loss = loss.detach().reshape(1)
-        if culprit and args.inject == "shape-mismatch" and step == args.at_step:
+        if culprit and args.inject == "shape-mismatch" and at:
             mean_loss = torch.cat([mean_loss, mean_loss])  # this rank sends two values, the others one
-        if culprit and args.inject == "extra-collective" and step == args.at_step:
+        if culprit and args.inject == "extra-collective" and at:
             dist.all_reduce(torch.zeros(1))  # a metric computed on this rank only
-        if not (culprit and args.inject == "skip-collective" and step == args.at_step):
+        if not (culprit and args.inject == "skip-collective" and at):
             dist.all_reduce(mean_loss)  # the mean loss, for the log
         time.sleep(args.step_sleep)
         if culprit and args.inject == "straggler":

@@ -219,10 +219,11 @@ def test_report_json_of_the_gate_is_plain_json(tmp_path):
 @pytest.mark.timeout(240)
 def test_a_restart_that_never_came_up_is_told_apart_from_the_jobs_failure(tmp_path):
     """With torch 2.13's shared rendezvous store (sharing forced back on) the restarted attempt usually
-    dies in gloo's connectFullMesh before any collective (stale keys of the previous round; a race, so
-    up to 2 tries): the report says the restart failed, and attempt 0 keeps the job's own failure. When
-    the restart does come up, it must be marked so and the job succeed."""
-    for i in range(2):
+    dies in gloo's connectFullMesh before any collective (stale keys of the previous round; a race):
+    the report says the restart failed, and attempt 0 keeps the job's own failure. When the restart
+    does come up, it must be marked so and the job succeed (then the test is skipped: one try, the
+    suite's time is shared)."""
+    for i in range(1):
         diag = tmp_path / str(i)
         run = launch(torchrun_diag(*COMMON, "--max-restarts", "1", "--diag-restart-policy", "always", "--diag-dir",
                                    str(diag), *script("transient")), diag, timeout=200,
@@ -236,4 +237,4 @@ def test_a_restart_that_never_came_up_is_told_apart_from_the_jobs_failure(tmp_pa
             assert "attempt 1 never came up" in run.stderr
             return
         assert rep["status"] == "succeeded" and "never came up" not in run.stderr
-    pytest.skip("torch's shared-store restart came up 2 times out of 2: the failure to come up was not reproduced")
+    pytest.skip("torch's shared-store restart came up this time: the failure to come up was not reproduced")

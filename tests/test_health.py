@@ -107,7 +107,7 @@ def test_a_rank_holding_the_gil_is_dumped_by_signal_and_the_missing_evidence_is_
     run = launch(torchrun_diag(*COMMON, "--diag-dir", str(tmp_path), *args(EXAMPLE, "regex-hang")), tmp_path)
     d = run.report["diagnosis"]
     assert (d["failure_class"], d["initiating_rank"]) == ("hang", CULPRIT), d
-    assert "train_ddp.py" in d["summary"] and "in inject" in d["summary"]
+    assert "faults.py" in d["summary"] and "in inject" in d["summary"]
     assert "re/__init__.py" in run.rank(CULPRIT)["stack"]
     assert any("rank 2: its beacon did not answer" in n for n in run.report["notes"]), run.report["notes"]
     assert run.seconds < 120

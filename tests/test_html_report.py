@@ -204,3 +204,17 @@ def test_elastic_diag_report_command(tmp_path):
 def test_no_ranks_at_all_still_renders(status):
     page = render_html({"status": status, "diagnosis": {"failure_class": "healthy"}, "attempts": []})
     assert "<h1>" in page and "Incomplete report" not in page
+
+
+def test_restarts_show_every_attempt_and_the_gate():
+    first = big_report(nodes=1, per_node=2, culprit=1)
+    attempt0 = dict(first["attempts"][0], attempt=0)
+    attempt1 = dict(first["attempts"][0], attempt=1, came_up=False,
+                    gate={"decision": "refuse", "reason": "the same failure as attempt 0",
+                          "controls": [{"name": "collective", "passed": False, "summary": "all_reduce timed out",
+                                        "output_file": "attempt_1/gate/collective.log"}]})  # fmt: skip
+    report = dict(first, attempts=[attempt0, attempt1])
+    page = render_html(report)
+    assert page.index("Attempt 1") < page.index("Attempt 0")  # the job's end first
+    assert "never came up" in page and "Restart gate" in page and "<b>FAILED</b>" in page
+    assert "attempt_1/gate/collective.log" in page
