@@ -581,7 +581,7 @@ def _gate(gate: Any) -> str:
 
 def _attempt(a: dict[str, Any], n_attempts: int, top_initiating: int | None) -> str:
     d = _dict(a.get("diagnosis"))
-    rows = rank_rows(_list(a.get("ranks")))
+    rows = rank_rows(_list(a.get("ranks")), num(a.get("decided_at")))
     groups = group_rows(rows)
     initiating = integer(d.get("initiating_rank"))
     if initiating is None:

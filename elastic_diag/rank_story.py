@@ -54,7 +54,9 @@ class RankRow:
         return (self.role, self.how, self.exception.split(":", 1)[0], self.location)
 
 
-def rank_rows(ranks: Iterable[Any]) -> list[RankRow]:
+def rank_rows(ranks: Iterable[Any], decided_at: float | None = None) -> list[RankRow]:
+    """Rows from report.json's rank entries. A rank ended by the launcher's own teardown (SIGTERM or
+    SIGKILL at or after ``decided_at``, no exception) has no first error: its exit is not its failure."""
     rows = []
     for i, r in enumerate(ranks):
         if not isinstance(r, dict):
@@ -73,6 +75,11 @@ def rank_rows(ranks: Iterable[Any]) -> list[RankRow]:
             exception = text(exc.get("type")) + (f": {exc.get('message')}" if exc.get("message") else "")
         elif r.get("errors"):
             exception = text(r["errors"][0]) if isinstance(r["errors"], list) else ""
+        error = num(r.get("first_error_time"))
+        exit_time = num(r.get("exit_time"))
+        if how in ("SIGTERM", "SIGKILL") and not exc and error is not None and error == exit_time:
+            if decided_at is not None and error >= decided_at:
+                error = None
         rows.append(
             RankRow(
                 rank=rank if rank is not None else -1 - i,
@@ -80,8 +87,8 @@ def rank_rows(ranks: Iterable[Any]) -> list[RankRow]:
                 role=text(r.get("role")) or "unknown",
                 start=num(r.get("start_time")),
                 progress=num(r.get("last_progress_time")),
-                error=num(r.get("first_error_time")),
-                exit=num(r.get("exit_time")),
+                error=error,
+                exit=exit_time,
                 how=how,
                 exception=" ".join(exception.split())[:300],
                 location=text(r.get("location")) or _location_of(r),
