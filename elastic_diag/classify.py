@@ -15,10 +15,11 @@ Two steps:
 
 from __future__ import annotations
 
+import statistics
 from dataclasses import dataclass, field
 
 from elastic_diag.evidence import AttemptEvidence, RankEvidence
-from elastic_diag.flight_recorder import Finding, compare
+from elastic_diag.flight_recorder import Finding, compare, lateness_samples
 from elastic_diag.taxonomy import Signature, Taxonomy, load_taxonomy
 
 ROLES = ("initiating", "collateral", "stopped", "healthy", "unknown")
@@ -624,23 +625,43 @@ STRAGGLER_FRACTION = 0.1
 
 def straggler_warnings(evidence: AttemptEvidence) -> list[dict[str, object]]:
     """Ranks that enter the collectives consistently later than the others (from the flight
-    recorders' enqueue times): slow but alive, a warning and not a failure. A rank is a straggler
-    when its mean lateness is at least 50 ms and a tenth of the median step."""
+    recorders' enqueue times): slow but alive, a warning and not a failure.
+
+    A rank's delay per step is the sum of its lateness over the collectives, divided by the steps
+    taken: with FSDP a step has a dozen collectives and a slow rank is late at only one of them (the
+    first all-gather after its slow work), so a mean per collective would dilute it tenfold. A
+    straggler delays its peers by at least 50 ms and a tenth of the median step per step, and is
+    late at one collective in at least half of the steps (a one-off pause is not a straggler).
+    Without step counts, the mean lateness per collective is used instead."""
     records = {ev.rank: ev.flight_record for ev in evidence.ranks if ev.flight_record is not None}
-    lags = compare(records).lags if len(records) >= 3 else {}
-    if not lags:
+    samples = lateness_samples(records) if len(records) >= 3 else {}
+    if not samples:
         return []
-    steps = sorted(d for ev in evidence.ranks for d in ev.step_durations[3:])
-    step = steps[len(steps) // 2] if steps else None
+    durations = sorted(d for ev in evidence.ranks for d in ev.step_durations[3:])
+    step = durations[len(durations) // 2] if durations else None
     floor = max(STRAGGLER_MIN_S, STRAGGLER_FRACTION * step) if step else STRAGGLER_MIN_S
+    counts = sorted(ev.steps for ev in evidence.ranks if ev.steps)
+    total_steps = counts[len(counts) // 2] if counts else None
     out: list[dict[str, object]] = []
-    for rank, lag in sorted(lags.items()):
-        if lag < floor:
+    for rank, lags in sorted(samples.items()):
+        if len(lags) < 5:
+            continue
+        # the recorder keeps the last entries only: the steps its samples cover, from the collectives
+        # the rank issued in all (the highest sequence number of each group) per step
+        issued = sum(max(seqs, default=0) for seqs in records[rank].groups.values())
+        steps = len(lags) * total_steps / issued if total_steps and issued >= len(lags) else None
+        if steps:
+            lag = sum(lags) / steps
+            consistent = sum(1 for x in lags if x >= floor / 2) >= steps / 2
+        else:
+            lag = statistics.fmean(lags)
+            consistent = True
+        if lag < floor or not consistent:
             continue
         node = next((ev.node for ev in evidence.ranks if ev.rank == rank), None)
-        what = f"enters the collectives {lag * 1000:.0f} ms after the median rank on average"
+        what = f"holds its peers up {lag * 1000:.0f} ms per step, entering the collectives after the median rank"
         if step:
-            what += f" (median step {step * 1000:.0f} ms): its peers wait for it"
+            what += f" (median step {step * 1000:.0f} ms)"
         out.append({
             "class": "straggler",
             "rank": rank,

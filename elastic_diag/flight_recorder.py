@@ -227,6 +227,12 @@ def _pending(rec: RankRecord, group: str, seq: int) -> bool:
 def lateness(records: dict[int, RankRecord]) -> dict[int, float]:
     """Per rank, the mean over collectives of how late it entered them against the median rank
     (seconds): a straggler enters every collective late. Empty with fewer than 3 ranks."""
+    return {r: statistics.fmean(v) for r, v in lateness_samples(records).items() if len(v) >= 5}
+
+
+def lateness_samples(records: dict[int, RankRecord]) -> dict[int, list[float]]:
+    """Per rank, how late it entered each collective that every rank recorded, against the median
+    rank (seconds). Empty with fewer than 3 ranks (no median to speak of)."""
     if len(records) < 3:
         return {}
     lags: dict[int, list[float]] = {r: [] for r in records}
@@ -240,4 +246,4 @@ def lateness(records: dict[int, RankRecord]) -> dict[int, float]:
             for r, t in times.items():
                 if t is not None:
                     lags[r].append((t - mid) / 1e9)
-    return {r: statistics.fmean(v) for r, v in lags.items() if len(v) >= 5}
+    return lags

@@ -77,9 +77,9 @@ def rank_rows(ranks: Iterable[Any], decided_at: float | None = None) -> list[Ran
             exception = text(r["errors"][0]) if isinstance(r["errors"], list) else ""
         error = num(r.get("first_error_time"))
         exit_time = num(r.get("exit_time"))
-        if how in ("SIGTERM", "SIGKILL") and not exc and error is not None and error == exit_time:
-            if decided_at is not None and error >= decided_at:
-                error = None
+        teardown = how in ("SIGTERM", "SIGKILL") and not exc and decided_at is not None
+        if teardown and error is not None and error == exit_time and error >= decided_at:  # type: ignore[operator]
+            error = None
         rows.append(
             RankRow(
                 rank=rank if rank is not None else -1 - i,

@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from elastic_diag.classify import straggler_warnings
+from elastic_diag.evidence import AttemptEvidence, RankEvidence
 from elastic_diag.flight_recorder import compare, load_dump, parse_record
 from elastic_diag.health import AUTO_FLOOR_S, AUTO_START_S, HealthMonitor
 
@@ -256,3 +258,26 @@ def test_a_huge_stack_file_is_read_bounded(tmp_path: Path):
     (tmp_path / "stacks.txt").write_text("Thread 0x1 (most recent call first):\n" + frames)
     text = read_stack_since(tmp_path, 0)
     assert len(text.encode()) <= STACK_BYTES
+
+
+def _fsdp_like(late_steps: set[int], steps: int = 20, per_step: int = 10, lag_ns: int = 300_000_000) -> AttemptEvidence:
+    """4 ranks, ``per_step`` collectives a step (FSDP: all-gathers, reduce-scatters, a metric); rank 3
+    enters the first collective of each step in ``late_steps`` ``lag_ns`` late (its slow work comes
+    just before it), and every later one on time (the others waited for it there)."""
+    ranks = []
+    for r in range(4):
+        entries = []
+        for s in range(1, steps * per_step + 1):
+            step, first = (s - 1) // per_step, (s - 1) % per_step == 0
+            late = lag_ns if r == 3 and first and step in late_steps else 0
+            entries.append(entry(s, t=s * 10**8 + late + r * 1000))
+        ranks.append(RankEvidence(rank=r, local_rank=r, node="n", flight_record=parse_record(r, dump(entries, 0, 0)),
+                                  steps=steps, step_durations=(0.35,) * steps))  # fmt: skip
+    return AttemptEvidence(attempt=0, ranks=tuple(ranks))
+
+
+def test_a_straggler_late_at_one_collective_a_step_is_found_and_a_one_off_pause_is_not():
+    every_step = straggler_warnings(_fsdp_like(set(range(20))))
+    assert [(w["rank"], round(float(w["lag_s"]), 2)) for w in every_step] == [(3, 0.3)]  # type: ignore[arg-type]
+    assert straggler_warnings(_fsdp_like({7})) == []  # one checkpoint save is not a straggler
+    assert straggler_warnings(_fsdp_like(set(range(0, 20, 4)))) == []  # late in 5 of 20 steps: not consistent
