@@ -7,13 +7,15 @@ import sys
 
 import pytest
 from conftest import EXAMPLE, ROOT, launch, plain_torchrun
-from test_launcher_matrix import script_args
+from test_launcher_matrix import COMPARED, script_args
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(200)]
 
-SCRIPT = script_args("exception-after-cleanup")  # the fault matrix's case, culprit rank 2
+# the fault matrix's case, culprit rank 2, its cleanup outlasting the collective timeout; grace 10 s
+SCRIPT = [*script_args("exception-after-cleanup"), *COMPARED["exception-after-cleanup"][0]]
+GRACE = {"ELASTIC_DIAG_GRACE": "10"}
 TORCHRUN_DIAG_SAYS = ("python_exception", 2, "ValueError", "python-exception")
-NODE = ["--nnodes", "1", "--nproc-per-node", "4", "--rdzv-endpoint", "127.0.0.1:0"]
+NODE = ["--nnodes", "1", "--nproc-per-node", "3", "--rdzv-endpoint", "127.0.0.1:0"]
 
 
 def verdict(report: dict) -> tuple:
@@ -25,7 +27,7 @@ def test_plain_torchrun_with_the_diag_backend_gives_the_same_verdict(tmp_path):
     """The failure and command line of test_launcher_matrix's exception-after-cleanup case, where
     torchrun-diag's verdict is asserted to be TORCHRUN_DIAG_SAYS (not run twice, to keep the suite short)."""
     plain = launch(plain_torchrun(*NODE, "--rdzv-backend", "diag+c10d", *SCRIPT), tmp_path,
-                   env={"ELASTIC_DIAG_DIR": str(tmp_path)})  # fmt: skip
+                   env={"ELASTIC_DIAG_DIR": str(tmp_path), **GRACE})  # fmt: skip
     assert verdict(plain.report) == TORCHRUN_DIAG_SAYS
     assert plain.returncode == 1
     assert "elastic_diag: job FAILED: initiating rank 2" in plain.stderr

@@ -1,8 +1,10 @@
 """The examples, run for real: every ``--inject`` of examples/train_ddp.py and examples/train_fsdp2.py
-gives the failure class the scripts' tables promise, and names the culprit (rank 1).
+gives the failure class the scripts' tables promise, and names the culprit (rank 1, or rank 0 alone).
 
-The cheapest shape that still tells the story: 2 ranks, or 3 where a majority must disagree with
-one rank (schedules, stragglers); the failure at step 1; a short grace. Injections that the other
+The cheapest shape that still tells the story: one rank for a failure of the rank's own (an
+exception, a signal: what its peers do then is the fault matrix's business), 2 ranks, or 3 where a
+majority must disagree with one rank (schedules, stragglers) or a store host and a client must both
+wait; the failure at step 1; a short grace. Injections that the other
 test files already run with 4 ranks are listed in ``RUN_ELSEWHERE`` with the test that runs them,
 and a test checks that list against the scripts, so no injection goes unrun.
 """
@@ -38,7 +40,7 @@ FSDP2 = _load("train_fsdp2")
 FAULTS = _load("faults")
 TABLES = {"train_ddp.py": DDP.INJECTIONS, "train_fsdp2.py": FSDP2.INJECTIONS}
 
-# (script, inject) -> the test that runs it (4 ranks, culprit rank 2, more assertions)
+# (script, inject) -> the test that runs it (3 ranks, culprit rank 2, more assertions)
 MATRIX = "test_launcher_matrix.py::test_fault_matrix_names_the_culprit"
 HANGS = "test_health.py::test_hang_outside_collectives_is_detected_before_the_collective_timeout"
 SCHEDULES = "test_health.py::test_a_rank_that_leaves_the_collective_schedule_is_named"
@@ -76,17 +78,17 @@ SAME_CODE_AS_DDP = {
 
 HERE = [
     # script, inject, ranks, extra torchrun-diag flags, extra script arguments
-    ("train_ddp.py", "abort", 2, (), ()),
-    ("train_ddp.py", "cuda-oom", 2, (), ()),
-    ("train_ddp.py", "cuda-error", 2, (), ()),
-    ("train_ddp.py", "network-error", 2, (), ()),
-    ("train_ddp.py", "disk-full", 2, (), ()),
-    ("train_ddp.py", "port-conflict", 2, (), ()),
+    ("train_ddp.py", "abort", 1, (), ()),
+    ("train_ddp.py", "cuda-oom", 1, (), ()),
+    ("train_ddp.py", "cuda-error", 1, (), ()),
+    ("train_ddp.py", "network-error", 1, (), ()),
+    ("train_ddp.py", "disk-full", 1, (), ()),
+    ("train_ddp.py", "port-conflict", 1, (), ()),
     ("train_ddp.py", "late-join", 3, (), ("--pg-timeout", "3")),  # 3: the store host and a client wait
     ("train_ddp.py", "recv-deadlock", 2, (), ("--pg-timeout", "3")),
     ("train_ddp.py", "nan", 2, (), ()),
     ("train_fsdp2.py", "none", 2, (), ()),
-    ("train_fsdp2.py", "exception", 2, (), ()),
+    ("train_fsdp2.py", "exception", 1, (), ()),
     ("train_fsdp2.py", "hang", 2, ("--diag-hang-timeout", "2"), ()),
     ("train_fsdp2.py", "late-join", 3, (), ("--pg-timeout", "3")),
     ("train_fsdp2.py", "recv-deadlock", 2, (), ("--pg-timeout", "3")),
@@ -132,7 +134,8 @@ def test_every_injection_of_both_examples_is_run_by_a_test():
 @pytest.mark.parametrize("script, inject, ranks, flags, job_flags", HERE, ids=[f"{c[0][:-3]}-{c[1]}" for c in HERE])
 def test_example_injection_gives_its_class(tmp_path, script, inject, ranks, flags, job_flags):
     expected = TABLES[script][inject]
-    job = [str(EXAMPLES / script), "--inject", inject, "--culprit-rank", str(CULPRIT), "--at-step", "1", "--steps", "4",
+    culprit = CULPRIT if ranks > 1 else 0
+    job = [str(EXAMPLES / script), "--inject", inject, "--culprit-rank", str(culprit), "--at-step", "1", "--steps", "4",
            "--pg-timeout", "6", *job_flags]  # fmt: skip
     argv = torchrun_diag("--standalone", "--nproc-per-node", str(ranks), "--diag-grace", "2", *flags,
                          "--diag-dir", str(tmp_path), *job)  # fmt: skip
@@ -143,16 +146,16 @@ def test_example_injection_gives_its_class(tmp_path, script, inject, ranks, flag
     if expected in ("healthy", "straggler"):
         assert run.returncode == 0 and report["status"] == "succeeded", run.stderr[-3000:]
         warned = [(w["class"], w["rank"]) for w in report["warnings"]]
-        assert warned == ([("straggler", CULPRIT)] if expected == "straggler" else []), report["warnings"]
+        assert warned == ([("straggler", culprit)] if expected == "straggler" else []), report["warnings"]
         return
     assert run.returncode == 1, run.stderr[-3000:]
     assert d["failure_class"] == expected, d
     if expected == "collective_timeout":  # every rank waits inside a collective: nobody to blame
         assert d["initiating_rank"] is None and d["collateral_ranks"] == list(range(ranks)), d
     else:
-        assert d["initiating_rank"] == CULPRIT, d
+        assert d["initiating_rank"] == culprit, d
         assert d["fix"] and d["verify"] and d["summary"]
     if inject in CULPRIT_LINE:
-        culprit = run.rank(CULPRIT)
-        kept = "\n".join([*culprit["last_lines"], str(culprit["exception"]), *d["evidence"]])
+        entry = run.rank(culprit)
+        kept = "\n".join([*entry["last_lines"], str(entry["exception"]), *d["evidence"]])
         assert CULPRIT_LINE[inject] in kept, kept
