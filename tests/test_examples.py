@@ -69,11 +69,14 @@ RUN_ELSEWHERE = {
 }  # fmt: skip
 
 # FSDP2's point failures (an exception, a signal, ...) are the same faults.inject_now call as DDP's,
-# made at the same place in the step; the DDP runs below and elsewhere exercise each one. FSDP2 runs
-# one of them (exception) to show the dispatch, and every injection whose effect FSDP2 changes.
+# made at the same place in the step, and late-join and recv-deadlock the same faults functions
+# called before init_process_group and before the step's first collective; the DDP runs below and
+# elsewhere exercise each one. FSDP2 runs one point failure (exception) to show the dispatch, and
+# every injection whose effect FSDP2 changes (its own collectives: hang, schedules, NaN, straggler).
 SAME_CODE_AS_DDP = {
     "transient", "segfault", "abort", "sigkill", "exit", "memoryerror", "cuda-oom", "cuda-error",
-    "network-error", "disk-full", "port-conflict", "deadlock", "infinite-loop", "regex-hang",
+    "network-error", "disk-full", "port-conflict", "deadlock", "infinite-loop", "regex-hang", "late-join",
+    "recv-deadlock",
 }  # fmt: skip
 
 HERE = [
@@ -87,11 +90,9 @@ HERE = [
     ("train_ddp.py", "late-join", 3, (), ("--pg-timeout", "3")),  # 3: the store host and a client wait
     ("train_ddp.py", "recv-deadlock", 2, (), ("--pg-timeout", "3")),
     ("train_ddp.py", "nan", 2, (), ()),
-    ("train_fsdp2.py", "none", 2, (), ()),
+    ("train_fsdp2.py", "none", 1, (), ()),
     ("train_fsdp2.py", "exception", 1, (), ()),
     ("train_fsdp2.py", "hang", 2, ("--diag-hang-timeout", "2"), ()),
-    ("train_fsdp2.py", "late-join", 3, (), ("--pg-timeout", "3")),
-    ("train_fsdp2.py", "recv-deadlock", 2, (), ("--pg-timeout", "3")),
     ("train_fsdp2.py", "skip-collective", 3, ("--diag-hang-timeout", "2"), ()),
     ("train_fsdp2.py", "extra-collective", 3, ("--diag-hang-timeout", "2"), ()),
     ("train_fsdp2.py", "shape-mismatch", 3, (), ()),

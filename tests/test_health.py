@@ -91,7 +91,7 @@ def test_a_straggler_is_a_warning_not_a_hang(tmp_path):
 
 
 def test_a_slow_first_step_raises_nothing_with_the_automatic_threshold(tmp_path):
-    argv = ["--standalone", "--nproc-per-node", "3", "--diag-dir", str(tmp_path), str(EXAMPLE), "--inject",
+    argv = ["--standalone", "--nproc-per-node", "2", "--diag-dir", str(tmp_path), str(EXAMPLE), "--inject",
             "slow-first-step", "--straggle-seconds", "4", "--steps", "6"]  # fmt: skip
     run = launch(torchrun_diag(*argv), tmp_path)
     assert run.returncode == 0, run.stderr[-3000:]
