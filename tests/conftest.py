@@ -73,3 +73,9 @@ def torchrun_diag(*args: str) -> list[str]:
 
 def plain_torchrun(*args: str) -> list[str]:
     return [sys.executable, "-m", "torch.distributed.run", *args]
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The multi-process tests first: with two xdist workers the quick ones then fill the gaps at the
+    end instead of one worker finishing a long job alone."""
+    items.sort(key=lambda item: item.get_closest_marker("multiprocess") is None)

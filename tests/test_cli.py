@@ -15,6 +15,21 @@ def cli(*args: str, timeout: float = 60, env: dict[str, str] | None = None) -> s
                           env={**os.environ, **(env or {})})  # fmt: skip
 
 
+def in_process(argv: list[str], capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
+               env: dict[str, str] | None = None) -> tuple[int, str]:  # fmt: skip
+    """torchrun-diag's main() in this process (a usage error ends before any worker: no need to pay
+    a torch import in a new process for each); its exit status and stderr."""
+    from elastic_diag.run import main
+
+    for k, v in (env or {}).items():
+        monkeypatch.setenv(k, v)
+    try:
+        code = main(argv)
+    except SystemExit as e:  # argparse's own usage errors
+        code = int(e.code or 0)
+    return code, capsys.readouterr().err
+
+
 def test_missing_script_is_a_usage_error(tmp_path):
     p = cli("-m", "elastic_diag.run", "--nproc-per-node", "2", "--diag-dir", str(tmp_path), "no_such_script.py")
     assert p.returncode == 2
@@ -22,9 +37,9 @@ def test_missing_script_is_a_usage_error(tmp_path):
     assert not (tmp_path / "attempt_0").exists()
 
 
-def test_unknown_diag_flag_is_a_usage_error():
-    p = cli("-m", "elastic_diag.run", "--diag-bogus", "1", str(EXAMPLE))
-    assert p.returncode == 2 and "--diag-bogus" in p.stderr
+def test_unknown_diag_flag_is_a_usage_error(capsys, monkeypatch):
+    code, err = in_process(["--diag-bogus", "1", str(EXAMPLE)], capsys, monkeypatch)
+    assert code == 2 and "--diag-bogus" in err
 
 
 @pytest.mark.skipif(os.geteuid() == 0, reason="root can write anywhere; covered by the file below")
@@ -35,17 +50,17 @@ def test_unwritable_diag_dir_is_a_usage_error(tmp_path):
     assert p.returncode == 2 and "not writable" in p.stderr
 
 
-def test_diag_dir_that_is_a_file_is_a_usage_error(tmp_path):
+def test_diag_dir_that_is_a_file_is_a_usage_error(tmp_path, capsys, monkeypatch):
     f = tmp_path / "file"
     f.write_text("")
-    p = cli("-m", "elastic_diag.run", "--diag-dir", str(f / "sub"), str(EXAMPLE))
-    assert p.returncode == 2 and "not writable" in p.stderr and str(f) in p.stderr
+    code, err = in_process(["--diag-dir", str(f / "sub"), str(EXAMPLE)], capsys, monkeypatch)
+    assert code == 2 and "not writable" in err and str(f) in err
 
 
-def test_env_diag_dir_and_bad_grace(tmp_path):
+def test_env_diag_dir_and_bad_grace(tmp_path, capsys, monkeypatch):
     env = {"ELASTIC_DIAG_GRACE": "soon", "ELASTIC_DIAG_DIR": str(tmp_path)}
-    p = cli("-m", "elastic_diag.run", str(EXAMPLE), env=env)
-    assert p.returncode == 2 and "ELASTIC_DIAG_GRACE" in p.stderr
+    code, err = in_process([str(EXAMPLE)], capsys, monkeypatch, env)
+    assert code == 2 and "ELASTIC_DIAG_GRACE" in err
 
 
 def test_help_lists_torchrun_and_diag_flags():
