@@ -278,7 +278,7 @@ def timeline_svg(
         weight = ' font-weight="bold"' if is_init else ""
         label = ("&#9654; " if is_init else "") + html.escape(_clip(g.label, 38))
         out.append(
-            f'<text x="6" y="{mid + 4}" class="label"{weight}>{label}<title>{html.escape(g.label)}: '
+            f'<text x="6" y="{mid + 4}" class="label"{weight}>{label}<title>ranks {html.escape(g.members)}: '
             f"{html.escape(first.role)}</title></text>"
         )
         start = g.span("start")
@@ -486,7 +486,8 @@ def _rank_table(groups: Sequence[Group]) -> str:
         steps_text = "" if not steps else (str(min(steps)) if len(steps) == 1 else f"{min(steps)}-{max(steps)}")
         cls = ' class="init"' if r.role == "initiating" else ""
         body.append(
-            f"<tr><td{cls}>{_e(g.label)}</td><td{cls}>{_e(r.role)}</td><td>{_e(r.how)}</td>"
+            f'<tr><td{cls} title="ranks {_e(g.members)}">{_e(g.label)}</td>'
+            f"<td{cls}>{_e(r.role)}</td><td>{_e(r.how)}</td>"
             f"<td><code>{_e(_clip(r.exception, 140))}</code></td><td><code>{_e(r.location)}</code></td>"
             f"<td>{steps_text}</td></tr>"
         )

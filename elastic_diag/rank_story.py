@@ -132,7 +132,15 @@ class Group:
         if len(ranks) == 1:
             return f"rank {ranks[0]}" + (f" ({nodes[0]})" if nodes else "")
         where = f" on {nodes[0]}" if len(nodes) == 1 else (f" on {len(nodes)} nodes" if nodes else "")
-        return f"ranks {format_ranks(ranks)}{where}"
+        listed = format_ranks(ranks)
+        if len(listed) > 40:  # a scattered set (one local rank of every node): the count first, then the list
+            return f"{len(ranks)} ranks{where}: {listed[:40].rsplit(',', 1)[0]}, \u2026"
+        return f"ranks {listed}{where}"
+
+    @property
+    def members(self) -> str:
+        """Every rank of the group, as ranges (the label may shorten them)."""
+        return format_ranks([r.rank for r in self.rows])
 
     def span(self, attr: str) -> tuple[float, float] | None:
         values = [v for r in self.rows if (v := getattr(r, attr)) is not None]
