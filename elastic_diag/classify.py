@@ -210,8 +210,14 @@ def format_ranks(ranks: list[int]) -> str:
 
 
 def _ranks(ranks: list[int]) -> str:
-    """``Rank 3`` or ``Ranks 0, 1, 3``: the subject of a summary's sentence."""
-    return f"Rank {ranks[0]}" if len(ranks) == 1 else f"Ranks {format_ranks(ranks)}"
+    """``Rank 3`` or ``Ranks 0, 1, 3``: the subject of a summary's sentence; a scattered set (one local
+    rank of every node) as ``895 ranks (0-6, 8-14, ...)``, so a summary stays a few lines long."""
+    if len(ranks) == 1:
+        return f"Rank {ranks[0]}"
+    listed = format_ranks(ranks)
+    if len(listed) > 60:
+        return f"{len(ranks)} ranks ({listed[:60].rsplit(',', 1)[0]}, ...)"
+    return f"Ranks {listed}"
 
 
 def _were(ranks: list[int]) -> str:
@@ -324,7 +330,7 @@ def classify_attempt(
         if cls not in ("collective_timeout", "network_error"):
             cls = "collective_timeout" if collateral else "unknown"
         summary = (
-            f"Ranks {format_ranks(collateral_ranks)} failed waiting for a peer, but the evidence names no "
+            f"{_ranks(collateral_ranks)} failed waiting for a peer, but the evidence names no "
             "rank that failed first (no rank failed differently, and none was seen alive outside a "
             "collective); the cause may be on a rank or node whose evidence is missing."
         )
