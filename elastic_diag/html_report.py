@@ -292,26 +292,10 @@ def timeline_svg(
             f'<rect x="{x(begin)}" y="{mid - bar_h / 2}" width="{max(x(end) - x(begin), 1.5)}" '
             f'height="{bar_h}" rx="2" fill="{colour}" class="bar"><title>{html.escape(_story(g))}</title></rect>'
         )
-        if (p := g.span("progress")) is not None:
-            out.append(
-                _marker_span(
-                    x(p[0]),
-                    x(p[1]),
-                    mid,
-                    "progress",
-                    f"last progress {_fmt_s(p[0] - origin)}" + (f" to {_fmt_s(p[1] - origin)}" if p[1] > p[0] else ""),
-                )
-            )
-        if (e := g.span("error")) is not None:
-            out.append(
-                _marker_span(
-                    x(e[0]),
-                    x(e[1]),
-                    mid,
-                    "error",
-                    f"first error {_fmt_s(e[0] - origin)}" + (f" to {_fmt_s(e[1] - origin)}" if e[1] > e[0] else ""),
-                )
-            )
+        for kind, words in (("progress", "last progress"), ("error", "first error")):
+            if (sp := g.span(kind)) is not None:
+                until = f" to {_fmt_s(sp[1] - origin)}" if sp[1] > sp[0] else ""
+                out.append(_marker_span(x(sp[0]), x(sp[1]), mid, kind, f"{words} {_fmt_s(sp[0] - origin)}{until}"))
         if (ex := g.span("exit")) is not None:
             out.append(
                 f'<line x1="{x(ex[1])}" y1="{mid - 7}" x2="{x(ex[1])}" y2="{mid + 7}" class="exit">'
