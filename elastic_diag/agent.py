@@ -55,7 +55,7 @@ from elastic_diag.capture import (
 )
 from elastic_diag.classify import Diagnosis, classify_attempt, straggler_warnings
 from elastic_diag.config import DiagConfig
-from elastic_diag.evidence import AttemptEvidence, RankEvidence, parse_stack_dump
+from elastic_diag.evidence import AttemptEvidence, RankEvidence, as_seconds, parse_stack_dump
 from elastic_diag.gate import AttemptOutcome
 from elastic_diag.health import HangAlarm, HealthMonitor, read_progress
 from elastic_diag.report import print_summary
@@ -388,7 +388,7 @@ class AttemptCapture:
                     flight_record=record,
                     nonfinite=read_json(w.layout.path(beacon.NONFINITE_FILE)),
                     step_durations=durations,
-                    progress_time=_number(progress.get("progress_time")),
+                    progress_time=as_seconds(progress.get("progress_time")),
                     steps=int(progress["steps"]) if isinstance(progress.get("steps"), int) else None,
                 )
             )
@@ -737,10 +737,6 @@ class DiagAgent(LocalElasticAgent):
         evidence = evidence_from_failures(restart_count, result.failures, worker_group, self._node)
         self._session.note(f"attempt {restart_count}: verdict from exit codes only (no evidence folder)")
         self._session.record_attempt(evidence, classify_attempt(evidence), status="failed", final=True)
-
-
-def _number(value: Any) -> float | None:
-    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
 
 
 def _completed_a_collective(progress: dict[str, Any]) -> bool:

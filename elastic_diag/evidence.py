@@ -7,6 +7,7 @@ a collective. No torch import, no I/O.
 
 from __future__ import annotations
 
+import math
 import re
 import signal
 from dataclasses import dataclass, field
@@ -118,6 +119,13 @@ def parse_stack_dump(text: str) -> StackDump | None:
     if not threads:
         return None
     return StackDump(text=text, threads=tuple(tuple(t) for t in threads))
+
+
+def as_seconds(value: Any) -> float | None:
+    """A time or duration read from JSON written by another process: a finite number, else None."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        return None
+    return float(value)
 
 
 def signal_name(exit_code: int | None) -> str | None:

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from elastic_diag.classify import Diagnosis, classify_attempt
-from elastic_diag.evidence import AttemptEvidence, ExceptionRecord, RankEvidence, parse_stack_dump
+from elastic_diag.evidence import AttemptEvidence, ExceptionRecord, RankEvidence, as_seconds, parse_stack_dump
 
 SCHEMA = "elastic_diag.node_record/1"
 VERDICT_SCHEMA = "elastic_diag.node_verdict/1"
@@ -120,10 +120,6 @@ def diagnosis_from_json(d: dict[str, Any], roles: dict[str, str]) -> Diagnosis:
     )
 
 
-def _time(value: Any) -> float | None:
-    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
-
-
 def _rank_evidence(node: str, r: dict[str, Any]) -> RankEvidence:
     exc = r.get("exception")
     stack = r.get("stack")
@@ -134,8 +130,8 @@ def _rank_evidence(node: str, r: dict[str, Any]) -> RankEvidence:
         pid=r.get("pid"),
         exit_code=r.get("exit_code"),
         exit_time=r.get("exit_time"),
-        start_time=_time(r.get("start_time")),
-        progress_time=_time(r.get("progress_time")),
+        start_time=as_seconds(r.get("start_time")),
+        progress_time=as_seconds(r.get("progress_time")),
         steps=r.get("steps") if isinstance(r.get("steps"), int) else None,
         alive_at_decision=bool(r.get("alive_at_decision")),
         stopped_by_agent=bool(r.get("stopped_by_agent")),

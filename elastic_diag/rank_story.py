@@ -7,21 +7,17 @@ fields; used by report.html's timeline and table and by the terminal's compact t
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from elastic_diag.classify import format_ranks
-from elastic_diag.evidence import parse_stack_dump
+from elastic_diag.evidence import as_seconds, parse_stack_dump
 
 PER_RANK_ROWS = 48  # up to this many ranks, a row each; beyond, ranks with the same story share one
 
 
-def num(value: Any) -> float | None:
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-        return None
-    return float(value)
+num = as_seconds  # report.json's times, read tolerantly
 
 
 def integer(value: Any) -> int | None:
