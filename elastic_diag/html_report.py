@@ -29,7 +29,7 @@ from typing import Any
 
 from elastic_diag.classify import format_ranks
 from elastic_diag.rank_story import Group, RankRow, group_rows, integer, num, rank_rows, text
-from elastic_diag.report import HTML_FILE, REPORT_FILE, SCHEMA
+from elastic_diag.report import HTML_FILE, REPORT_FILE, SCHEMA, write_text_atomic
 
 EVIDENCE_RANKS = 12
 MAX_REPORT_BYTES = 256 << 20
@@ -666,14 +666,10 @@ def render_html(report: dict[str, Any], problems: Sequence[str] = (), source: st
 def write_html(diag_dir: Path, report: dict[str, Any] | None = None) -> tuple[Path, list[str]]:
     """Render ``diag_dir/report.html`` (from ``report``, or from what is in the folder); returns the
     path and what was missing. Written atomically, like report.json."""
-    import os
-
     problems: list[str] = []
     if report is None:
         report, problems = load_report_dir(diag_dir)
     text = render_html(report, problems, source=str(diag_dir / REPORT_FILE))
     path = diag_dir / HTML_FILE
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
+    write_text_atomic(path, text)
     return path, problems

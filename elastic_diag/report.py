@@ -124,13 +124,16 @@ def build_report(
     }
 
 
-def write_json_atomic(path: Path, data: dict[str, Any]) -> None:
+def write_text_atomic(path: Path, text: str) -> None:
+    """A temporary file, then ``os.replace``: a reader never sees half a file."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(tmp, "w", encoding="utf-8") as fp:
-        json.dump(data, fp, indent=2, default=str)
-        fp.write("\n")
+    tmp.write_text(text, encoding="utf-8")
     os.replace(tmp, path)
+
+
+def write_json_atomic(path: Path, data: dict[str, Any]) -> None:
+    write_text_atomic(path, json.dumps(data, indent=2, default=str) + "\n")
 
 
 def format_summary(report: dict[str, Any], report_path: str, *, paint: Paint | None = None,
