@@ -63,6 +63,9 @@ class Signature:
     siblings: tuple[str, ...] = ()
     priority: int = 0  # higher wins when several signatures match one rank's evidence
     literals: tuple[str, ...] = field(default=())  # cheap substrings that every match must contain
+    # a framework's wrapper exception, raised on every rank, whose text names the rank(s) that failed
+    # (groups ``peers``): that rank is the culprit and the inner error gives the class
+    wraps: bool = False
 
     def __post_init__(self) -> None:
         if self.failure_class not in FAILURE_CLASSES:
@@ -88,7 +91,7 @@ class Signature:
 _FIELDS = {
     "id", "class", "title", "role_hint", "retryable", "meaning", "confirm", "fix", "verify",
     "patterns", "near_misses", "examples", "exception_types", "signals", "siblings", "priority",
-    "literals",
+    "literals", "wraps",
 }  # fmt: skip
 
 
@@ -127,6 +130,7 @@ def _signature_from_table(table: dict[str, object], source: str) -> Signature:
             siblings=strings("siblings"),
             priority=int(table.get("priority", 0)),  # type: ignore[call-overload]
             literals=strings("literals"),
+            wraps=bool(table.get("wraps", False)),
         )
     except KeyError as e:
         raise TaxonomyError(f"{source}: signature {sid!r} lacks the required field {e}") from e
@@ -211,18 +215,23 @@ class Taxonomy:
         self._memo[line] = hits
         return list(hits)
 
-    def for_exception(self, type_name: str) -> Signature | None:
-        """The signature an exception type maps to; ``"*"`` in exception_types is the fallback."""
-        short = type_name.rsplit(".", 1)[-1]
-        best = None
-        fallback = None
-        for s in self.signatures:
-            if type_name in s.exception_types or short in s.exception_types:
-                if best is None or s.priority > best.priority:
+    def for_exception(self, type_name: str, mro: tuple[str, ...] = ()) -> Signature | None:
+        """The signature an exception type maps to: its own name first, then its bases (``mro``, the
+        qualified names the bootstrap recorded: numpy's ``_ArrayMemoryError`` is a ``MemoryError``);
+        ``"*"`` in exception_types is the fallback."""
+        for name in (type_name, *mro):
+            short = name.rsplit(".", 1)[-1]
+            if short in ("BaseException", "Exception", "object"):
+                break
+            best = None
+            for s in self.signatures:
+                if (name in s.exception_types or short in s.exception_types) and (
+                    best is None or s.priority > best.priority
+                ):
                     best = s
-            elif "*" in s.exception_types and fallback is None:
-                fallback = s
-        return best or fallback
+            if best is not None:
+                return best
+        return next((s for s in self.signatures if "*" in s.exception_types), None)
 
     def for_signal(self, signal_name: str) -> Signature | None:
         best = None
