@@ -9,9 +9,13 @@ The launcher puts ``elastic_diag/_boot`` first on each worker's ``PYTHONPATH``; 
 * registers a stack dump of all threads on :data:`DUMP_SIGNAL` (SIGURG, whose default action is
   *ignore*, so a rank that is already finalizing is not killed by it). faulthandler writes from C,
   so the dump works while the main thread is blocked inside a C++ collective;
-* wraps :data:`sys.excepthook` to record the exception type, message, traceback and a
-  sub-millisecond timestamp in ``exception.json``, and the torchelastic error file when the script
-  has no ``@record`` of its own;
+* wraps :data:`sys.excepthook` to record the exception type, its class's bases (so a numpy
+  ``_ArrayMemoryError`` is known for a ``MemoryError``), the exceptions it was raised while handling,
+  message, traceback and a sub-millisecond timestamp in ``exception.json``, and the torchelastic
+  error file when the script has no ``@record`` of its own; an exception whose ``__str__`` raises,
+  or whose message is megabytes long, is recorded with what can be said of it;
+* wraps :data:`threading.excepthook` to record the first uncaught exception of another thread in
+  ``thread_exception.json`` (a prefetch thread that dies leaves its main thread waiting forever);
 * starts the progress beacon (:mod:`elastic_diag.beacon`) that the agent's health monitor reads,
   and writes the flight recorder's entries when the rank dies of an exception or exits;
 * removes its own variables from the environment, so that subprocesses of the rank do not write
@@ -29,6 +33,7 @@ import json
 import os
 import signal
 import sys
+import threading
 import time
 import traceback
 from types import TracebackType
@@ -46,6 +51,10 @@ ERROR_FILE = "error.json"  # torchelastic's own error-file format
 EXCEPTION_FILE = "exception.json"  # ours: precise time, type, message, traceback
 STACKS_FILE = "stacks.txt"  # faulthandler dumps taken on DUMP_SIGNAL
 WORKER_FILE = "worker.json"  # pid and start time
+THREAD_EXCEPTION_FILE = "thread_exception.json"  # the first uncaught exception of a thread
+MESSAGE_LIMIT = 64 * 1024  # characters of an exception's message kept (a 1 MB message is cut, and says so)
+TRACEBACK_LIMIT = 256 * 1024
+CHAIN_LIMIT = 8
 
 _state: dict[str, Any] = {}
 
@@ -78,27 +87,89 @@ def _excepthook(etype: type[BaseException], value: BaseException, tb: TracebackT
     try:
         if os.getpid() == _state.get("pid"):
             _record_exception(etype, value, tb, now)
-    except Exception:  # never let the evidence hide the user's own traceback
+    except BaseException:  # never let the evidence hide the user's own traceback (a signal mid-hook included)
         pass
     try:
         b = beacon.current()
         if b is not None and os.getpid() == _state.get("pid"):
             b.at_exit("exception")
-    except Exception:
+    except BaseException:
         pass
     previous = _state.get("previous_excepthook") or sys.__excepthook__
     previous(etype, value, tb)
 
 
+def _thread_excepthook(args: threading.ExceptHookArgs) -> None:
+    now = _now()
+    try:
+        if os.getpid() == _state.get("pid") and args.exc_type is not SystemExit and not _state.get("thread_recorded"):
+            _state["thread_recorded"] = True
+            record = exception_record(args.exc_type, args.exc_value, args.exc_traceback, now)
+            record["thread"] = args.thread.name if args.thread is not None else None
+            _write_json(os.path.join(_state["rank_dir"], THREAD_EXCEPTION_FILE), record)
+    except BaseException:
+        pass
+    previous = _state.get("previous_thread_excepthook") or threading.__excepthook__
+    previous(args)
+
+
+def _text(fn: Any, what: str, problems: list[str]) -> str:
+    """``fn()`` as text; what could be said when it raised (a ``__str__`` that raises)."""
+    try:
+        return str(fn())
+    except BaseException as e:  # any user code may run here
+        problems.append(f"{what} raised {type(e).__name__}")
+        return f"<{what} raised {type(e).__name__}>"
+
+
+def _chain(value: BaseException | None) -> list[list[str]]:
+    """The exceptions ``value`` was raised while handling or from, oldest first."""
+    out: list[list[str]] = []
+    seen = {id(value)}
+    cur = _before(value) if value is not None else None
+    while cur is not None and id(cur) not in seen and len(out) < CHAIN_LIMIT:
+        seen.add(id(cur))
+        out.append([exception_type_name(type(cur)), _text(lambda c=cur: c, "str()", [])[:2000]])
+        cur = _before(cur)
+    return out[::-1]
+
+
+def _before(e: BaseException) -> BaseException | None:
+    """The exception ``e`` was raised from or while handling (``raise ... from None`` hides it)."""
+    if e.__cause__ is not None:
+        return e.__cause__
+    return None if e.__suppress_context__ else e.__context__
+
+
+def exception_record(
+    etype: type[BaseException], value: BaseException | None, tb: TracebackType | None, now: float
+) -> dict[str, Any]:
+    """What exception.json holds: bounded, and written even when the exception resists printing."""
+    problems: list[str] = []
+    message = _text(lambda: value, "str()", problems) if value is not None else ""
+    if len(message) > MESSAGE_LIMIT:
+        problems.append(f"message of {len(message)} characters cut to {MESSAGE_LIMIT}")
+        message = message[:MESSAGE_LIMIT]
+    formatted = _text(lambda: "".join(traceback.format_exception(etype, value, tb)), "the traceback", problems)
+    if len(formatted) > TRACEBACK_LIMIT:
+        formatted = formatted[: TRACEBACK_LIMIT // 2] + "\n[... cut ...]\n" + formatted[-TRACEBACK_LIMIT // 2 :]
+    try:
+        mro = [exception_type_name(c) for c in etype.__mro__ if issubclass(c, BaseException)]
+    except BaseException:
+        mro = []
+    try:
+        chain = _chain(value)
+    except BaseException:
+        chain = []
+    return {"type": exception_type_name(etype), "message": message, "traceback": formatted, "time": now,
+            "pid": os.getpid(), "mro": mro, "chain": chain, "problems": problems}  # fmt: skip
+
+
 def _record_exception(etype: type[BaseException], value: BaseException, tb: TracebackType | None, now: float) -> None:
     rank_dir = _state["rank_dir"]
-    formatted = "".join(traceback.format_exception(etype, value, tb))
-    name = exception_type_name(etype)
-    message = str(value)
-    _write_json(
-        os.path.join(rank_dir, EXCEPTION_FILE),
-        {"type": name, "message": message, "traceback": formatted, "time": now, "pid": os.getpid()},
-    )
+    record = exception_record(etype, value, tb, now)
+    _write_json(os.path.join(rank_dir, EXCEPTION_FILE), record)
+    name, message, formatted = record["type"], record["message"], record["traceback"]
     error_file = _state.get("error_file")
     if error_file and not os.path.exists(error_file):
         # The same shape torch's @record writes, so torchrun's own summary shows the traceback.
@@ -106,7 +177,7 @@ def _record_exception(etype: type[BaseException], value: BaseException, tb: Trac
             error_file,
             {
                 "message": {
-                    "message": f"{name}: {message}",
+                    "message": f"{name}: {message[:4000]}",
                     "extraInfo": {"py_callstack": formatted, "timestamp": str(int(now))},
                 }
             },
@@ -134,6 +205,7 @@ def install(rank_dir: str) -> None:
         rank_dir=rank_dir,
         error_file=os.environ.get("TORCHELASTIC_ERROR_FILE"),
         previous_excepthook=sys.excepthook,
+        previous_thread_excepthook=threading.excepthook,
     )
     os.environ.pop(ENV_RANK_DIR, None)
     _drop_boot_path_from_env()
@@ -143,6 +215,7 @@ def install(rank_dir: str) -> None:
     _state["stacks_file"] = stacks
     faulthandler.register(DUMP_SIGNAL, file=stacks, all_threads=True, chain=False)
     sys.excepthook = _excepthook
+    threading.excepthook = _thread_excepthook
     b = beacon.start(rank_dir, stacks)
     atexit.register(_at_exit, b)
     _write_json(

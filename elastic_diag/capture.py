@@ -10,6 +10,8 @@
         stacks.txt               faulthandler dumps taken on the dump signal or a dump request
         worker.json              pid and start time
         progress.json            the progress beacon the health monitor reads
+        thread_exception.json    the first uncaught exception of another thread
+        first_error.json         the first error of its own the rank printed, with when (the line clock)
         fr_trace.json            the flight recorder's entries (on a dump request, an exception, exit)
         nonfinite.json           the first non-finite loss the rank backpropagated
         pyspy.txt                native stacks (py-spy, when installed) taken on a hang alarm
@@ -34,8 +36,10 @@ from typing import Any
 from torch.distributed.elastic.multiprocessing.api import LogsDest, LogsSpecs, Std, to_map
 
 from elastic_diag import beacon, bootstrap
-from elastic_diag.evidence import ExceptionRecord
+from elastic_diag.error_lines import error_line_from_json
+from elastic_diag.evidence import ErrorLine, ExceptionRecord
 from elastic_diag.flight_recorder import RankRecord, load_dump, parse_record
+from elastic_diag.tailer import FIRST_ERROR_FILE
 
 BOOT_DIR = str(Path(__file__).with_name("_boot"))
 TAIL_BYTES = 64 * 1024
@@ -44,7 +48,7 @@ FR_BYTES = beacon.FR_MAX_BYTES
 # a rank folder reused (the same --diag-dir again) starts without the last run's records
 STALE_FILES = (bootstrap.EXCEPTION_FILE, bootstrap.ERROR_FILE, bootstrap.STACKS_FILE, beacon.PROGRESS_FILE,
                beacon.FR_FILE, beacon.NONFINITE_FILE, beacon.DUMP_REQUEST_FILE, beacon.DUMP_DONE_FILE,
-               "pyspy.txt")  # fmt: skip
+               "pyspy.txt", bootstrap.THREAD_EXCEPTION_FILE, FIRST_ERROR_FILE)  # fmt: skip
 
 
 @dataclass(slots=True)
@@ -218,17 +222,33 @@ def read_json(path: Path) -> dict[str, Any] | None:
     return data if isinstance(data, dict) else None
 
 
+def exception_from_json(data: dict[str, Any] | None) -> ExceptionRecord | None:
+    """exception.json / thread_exception.json (the bootstrap's records) as an ExceptionRecord."""
+    if not data or not isinstance(data.get("type"), str):
+        return None
+    t = data.get("time")
+    mro = data.get("mro")
+    chain = data.get("chain")
+    thread = data.get("thread")
+    return ExceptionRecord(
+        type=data["type"],
+        message=str(data.get("message", "")),
+        traceback=str(data.get("traceback", ""))[:100_000],
+        time=float(t) if isinstance(t, int | float) and not isinstance(t, bool) else None,
+        mro=tuple(str(m) for m in mro) if isinstance(mro, list) else (),
+        chain=tuple((str(c[0]), str(c[1])) for c in chain if isinstance(c, list) and len(c) == 2)
+        if isinstance(chain, list)
+        else (),
+        thread=str(thread) if thread else None,
+        problems=tuple(str(p) for p in data.get("problems") or () if isinstance(p, str)),
+    )
+
+
 def read_exception(rank_dir: Path) -> ExceptionRecord | None:
     """The uncaught exception of a rank: the bootstrap's record, else torchelastic's error file."""
-    data = read_json(rank_dir / bootstrap.EXCEPTION_FILE)
-    if data and isinstance(data.get("type"), str):
-        t = data.get("time")
-        return ExceptionRecord(
-            type=data["type"],
-            message=str(data.get("message", "")),
-            traceback=str(data.get("traceback", ""))[:100_000],
-            time=float(t) if isinstance(t, int | float) else None,
-        )
+    record = exception_from_json(read_json(rank_dir / bootstrap.EXCEPTION_FILE))
+    if record is not None:
+        return record
     err = read_json(rank_dir / bootstrap.ERROR_FILE)
     msg = err.get("message") if err else None
     if isinstance(msg, dict) and isinstance(msg.get("message"), str):
@@ -243,6 +263,15 @@ def read_exception(rank_dir: Path) -> ExceptionRecord | None:
             time=float(ts) if isinstance(ts, str) and ts.isdigit() else None,
         )
     return None
+
+
+def read_thread_exception(rank_dir: Path) -> ExceptionRecord | None:
+    return exception_from_json(read_json(rank_dir / bootstrap.THREAD_EXCEPTION_FILE))
+
+
+def read_error_line(rank_dir: Path) -> ErrorLine | None:
+    """The first own error the launcher's line clock saw (first_error.json)."""
+    return error_line_from_json(read_json(rank_dir / FIRST_ERROR_FILE))
 
 
 def stack_file_size(rank_dir: Path) -> int:

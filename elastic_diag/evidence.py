@@ -26,20 +26,48 @@ _COLLECTIVE_PATHS = (
 _THREAD_HEADER = re.compile(r"^(?:Current thread|Thread) (0x[0-9a-f]+)(?: \[[^\]]*\])? \(most recent call first\):")
 _STDLIB = re.compile(r"/lib/python\d+\.\d+/(?!site-packages/|dist-packages/)")
 _FRAME = re.compile(r'^\s+File "(?P<file>[^"]+)", line (?P<line>\d+) in (?P<func>.+)$')
+_CHAIN_SEPARATOR = re.compile(
+    r"\n\s*(?:During handling of the above exception, another exception occurred|"
+    r"The above exception was the direct cause of the following exception):\s*\n"
+)
 
 
 @dataclass(frozen=True, slots=True)
 class ExceptionRecord:
-    """An uncaught exception as the worker bootstrap recorded it."""
+    """An exception as the worker bootstrap recorded it (or as a rank printed it).
+
+    ``mro``: the qualified names of its class's bases, itself first (so a numpy ``_ArrayMemoryError``
+    is known to be a ``MemoryError``). ``chain``: the exceptions it was raised while handling or from
+    (``__context__`` / ``__cause__``), oldest first, as ``(type, message)``: a cleanup that fails in a
+    collective while handling the rank's own ValueError raises a peer-closed error whose chain holds
+    the cause. ``thread``: the name of the thread that raised it when not the main thread.
+    ``problems``: what could not be recorded (a ``__str__`` that raised, a message cut to size)."""
 
     type: str
     message: str
     traceback: str
     time: float | None = None
+    mro: tuple[str, ...] = ()
+    chain: tuple[tuple[str, str], ...] = ()
+    thread: str | None = None
+    problems: tuple[str, ...] = ()
 
     @property
     def last_line(self) -> str:
         return f"{self.type}: {self.message}" if self.message else self.type
+
+    def section(self, index: int) -> str:
+        """The part of the traceback text that belongs to the ``index``-th exception of the chain,
+        oldest first (Python prints each one's frames, then "During handling of the above exception,
+        another exception occurred:"); the whole text when it has no such parts."""
+        parts = _CHAIN_SEPARATOR.split(self.traceback)
+        if len(parts) < 2 or not -len(parts) <= index < len(parts):
+            return self.traceback
+        return parts[index]
+
+    def type_names(self) -> tuple[str, ...]:
+        """Its type, then the bases it was recorded with (short and qualified names both match)."""
+        return (self.type, *self.mro) if self.type not in self.mro else self.mro
 
     def location(self) -> str | None:
         """``file:line in func`` of the innermost frame of the traceback, if there is one."""
@@ -139,6 +167,27 @@ def signal_name(exit_code: int | None) -> str | None:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class ErrorLine:
+    """The first error of its own a rank printed (a traceback, a fatal-signal banner, a native error
+    line), stamped with when it was written: ``arrival`` is when the launcher read the line,
+    ``logged`` the time the line carries itself (a logging timestamp), ``time`` the better of the two.
+
+    Scripts log an exception (``logging.exception``, ``traceback.print_exc()``, a framework's logger),
+    clean up for seconds, then re-raise: this line, not the excepthook, is when the failure began."""
+
+    time: float
+    text: str
+    arrival: float | None = None
+    logged: float | None = None
+    exception: ExceptionRecord | None = None  # when the line is a printed traceback
+    stream: str = "stderr"
+
+
+# A rank that made progress this long after an error line it printed had recovered from it.
+RECOVERED_AFTER_S = 1.0
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class RankEvidence:
     """Everything known about one rank of one attempt.
 
@@ -167,6 +216,8 @@ class RankEvidence:
     step_durations: tuple[float, ...] = ()
     progress_time: float | None = None  # when the beacon last saw a step, backward or heartbeat
     steps: int | None = None  # optimizer steps the beacon counted
+    error_line: ErrorLine | None = None  # the first error of its own it printed (the launcher's line clock)
+    thread_exception: ExceptionRecord | None = None  # the first uncaught exception of one of its threads
 
     def location(self) -> str | None:
         """Where the rank's own code was when it failed or was stopped: its traceback, the stack the
@@ -188,9 +239,42 @@ class RankEvidence:
     def failed(self) -> bool:
         return self.exit_code is not None and self.exit_code != 0
 
+    def _recovered_after(self, t: float | None) -> bool:
+        return t is not None and self.progress_time is not None and self.progress_time > t + RECOVERED_AFTER_S
+
+    def own_error_line(self) -> ErrorLine | None:
+        """The error line it printed, when that line began its failure: it made no progress after it,
+        and a traceback it printed is the exception it died of (or one in that exception's chain)."""
+        line = self.error_line
+        if line is None or self._recovered_after(line.time):
+            return None
+        printed = line.exception
+        if printed is not None and self.exception is not None:
+            died_of = {self.exception.type, *(t for t, _ in self.exception.chain)}
+            if printed.type not in died_of and printed.type.rsplit(".", 1)[-1] not in {
+                t.rsplit(".", 1)[-1] for t in died_of
+            }:
+                return None
+        return line
+
+    def own_thread_exception(self) -> ExceptionRecord | None:
+        """A thread's uncaught exception, when the rank made no progress after it."""
+        exc = self.thread_exception
+        if exc is None or self._recovered_after(exc.time):
+            return None
+        return exc
+
     @property
     def first_error_time(self) -> float | None:
-        times = [t for t in (self.exception.time if self.exception else None, self.exit_time) if t]
+        line = self.own_error_line()
+        thread = self.own_thread_exception()
+        candidates = (
+            self.exception.time if self.exception else None,
+            line.time if line else None,
+            thread.time if thread else None,
+            self.exit_time,
+        )
+        times = [t for t in candidates if t]
         return min(times) if times else None
 
 

@@ -23,7 +23,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from elastic_diag.classify import Diagnosis, classify_attempt
-from elastic_diag.evidence import AttemptEvidence, ExceptionRecord, RankEvidence, as_seconds, parse_stack_dump
+from elastic_diag.error_lines import error_line_from_json, error_line_to_json
+from elastic_diag.evidence import (
+    AttemptEvidence,
+    ErrorLine,
+    ExceptionRecord,
+    RankEvidence,
+    as_seconds,
+    parse_stack_dump,
+)
 
 SCHEMA = "elastic_diag.node_record/1"
 VERDICT_SCHEMA = "elastic_diag.node_verdict/1"
@@ -42,6 +50,36 @@ def _shift(t: float | None, offset: float) -> float | None:
     return t + offset if t is not None else None
 
 
+def _exception_json(exc: ExceptionRecord | None, offset: float) -> dict[str, Any] | None:
+    if exc is None:
+        return None
+    return {"type": exc.type, "message": exc.message[:2000], "traceback": exc.traceback[-4000:],
+            "time": _shift(exc.time, offset), "mro": list(exc.mro), "chain": [list(c) for c in exc.chain],
+            "thread": exc.thread}  # fmt: skip
+
+
+def _exception_from(data: Any) -> ExceptionRecord | None:
+    if not isinstance(data, dict) or not data.get("type"):
+        return None
+    return ExceptionRecord(
+        type=str(data["type"]), message=str(data.get("message", "")), traceback=str(data.get("traceback", "")),
+        time=as_seconds(data.get("time")), mro=tuple(str(m) for m in data.get("mro") or ()),
+        chain=tuple((str(c[0]), str(c[1])) for c in data.get("chain") or () if isinstance(c, list) and len(c) == 2),
+        thread=str(data["thread"]) if data.get("thread") else None,
+    )  # fmt: skip
+
+
+def _error_line_json(line: ErrorLine | None, offset: float) -> dict[str, Any] | None:
+    if line is None:
+        return None
+    data = error_line_to_json(line)
+    for key in ("time", "arrival", "logged"):
+        data[key] = _shift(data[key], offset)
+    if data["exception"]:
+        data["exception"]["traceback"] = data["exception"]["traceback"][-4000:]
+    return data
+
+
 def record_of(evidence: AttemptEvidence, *, node: str, group_rank: int, offset: float) -> dict[str, Any]:
     """This node's part of the attempt, times moved onto the leader's clock (``+ offset``)."""
     ranks = []
@@ -58,8 +96,9 @@ def record_of(evidence: AttemptEvidence, *, node: str, group_rank: int, offset: 
             "steps": ev.steps,
             "alive_at_decision": ev.alive_at_decision,
             "stopped_by_agent": ev.stopped_by_agent,
-            "exception": {"type": exc.type, "message": exc.message[:2000], "traceback": exc.traceback[-4000:],
-                          "time": _shift(exc.time, offset)} if exc else None,
+            "exception": _exception_json(exc, offset),
+            "thread_exception": _exception_json(ev.thread_exception, offset),
+            "error_line": _error_line_json(ev.error_line, offset),
             "stderr_tail": list(ev.stderr_tail[-TAIL:]),
             "stack": ev.stack.text[:STACK_CHARS] if ev.stack else None,
             "nonfinite": ev.nonfinite,
@@ -117,6 +156,8 @@ def diagnosis_from_json(d: dict[str, Any], roles: dict[str, str]) -> Diagnosis:
         roles={int(r): str(role) for r, role in roles.items()},
         retryable=d.get("retryable"),
         collective=d.get("collective"),
+        rule=d.get("rule") if isinstance(d.get("rule"), str) else None,
+        all_ranks=d.get("all_ranks") is True,
     )
 
 
@@ -135,9 +176,9 @@ def _rank_evidence(node: str, r: dict[str, Any]) -> RankEvidence:
         steps=r.get("steps") if isinstance(r.get("steps"), int) else None,
         alive_at_decision=bool(r.get("alive_at_decision")),
         stopped_by_agent=bool(r.get("stopped_by_agent")),
-        exception=ExceptionRecord(type=str(exc["type"]), message=str(exc.get("message", "")),
-                                  traceback=str(exc.get("traceback", "")), time=exc.get("time"))
-        if isinstance(exc, dict) and exc.get("type") else None,
+        exception=_exception_from(exc),
+        thread_exception=_exception_from(r.get("thread_exception")),
+        error_line=error_line_from_json(r.get("error_line")),
         stderr_tail=tuple(str(x) for x in r.get("stderr_tail") or ()),
         stack=parse_stack_dump(stack) if isinstance(stack, str) and stack else None,
         nonfinite=r.get("nonfinite") if isinstance(r.get("nonfinite"), dict) else None,

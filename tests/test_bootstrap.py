@@ -116,3 +116,78 @@ def test_the_beacon_waits_for_torch_to_finish_importing(tmp_path, monkeypatch):
         b.tick()  # must not raise
         assert not b.hooks_installed
         assert (tmp_path / beacon.PROGRESS_FILE).exists()
+
+
+def _run(tmp_path: Path, code: str) -> tuple[subprocess.CompletedProcess[str], Path]:
+    script = tmp_path / "s.py"
+    script.write_text(code)
+    rank_dir = tmp_path / "r"
+    p = subprocess.run([sys.executable, str(script)], env=worker_env(rank_dir), capture_output=True, text=True,
+                       timeout=60)  # fmt: skip
+    return p, rank_dir
+
+
+def test_the_class_hierarchy_and_the_chain_are_recorded(tmp_path):
+    """A MemoryError subclass is known for one (numpy's _ArrayMemoryError); a cleanup's error raised
+    while handling the rank's own keeps the rank's own in its chain."""
+    p, rank_dir = _run(tmp_path, (
+        "class ShardMemoryError(MemoryError):\n    pass\n"
+        "try:\n    raise ShardMemoryError('batch of 8 TiB')\n"
+        "except MemoryError:\n    raise RuntimeError('Connection closed by peer during the emergency save')\n"
+    ))  # fmt: skip
+    assert p.returncode == 1
+    rec = json.loads((rank_dir / "exception.json").read_text())
+    assert rec["type"] == "RuntimeError" and rec["mro"][:2] == ["RuntimeError", "Exception"]
+    assert rec["chain"] == [["ShardMemoryError", "batch of 8 TiB"]]
+    from elastic_diag.capture import read_exception
+
+    got = read_exception(rank_dir)
+    assert got is not None and got.chain == (("ShardMemoryError", "batch of 8 TiB"),)
+
+
+def test_an_exception_that_resists_printing_is_still_recorded(tmp_path):
+    p, rank_dir = _run(tmp_path, (
+        "class BadStr(Exception):\n    def __str__(self):\n        raise RuntimeError('__str__ exploded')\n"
+        "raise BadStr()\n"
+    ))  # fmt: skip
+    assert p.returncode == 1 and "BadStr" in p.stderr  # Python's own hook still prints it
+    rec = json.loads((rank_dir / "exception.json").read_text())
+    assert rec["type"] == "BadStr" and rec["message"] == "<str() raised RuntimeError>"
+    assert rec["problems"] == ["str() raised RuntimeError"]
+
+
+def test_a_huge_message_is_cut_and_says_so(tmp_path):
+    p, rank_dir = _run(tmp_path, "raise ValueError('x' * (1 << 20))\n")
+    assert p.returncode == 1
+    rec = json.loads((rank_dir / "exception.json").read_text())
+    assert len(rec["message"]) == bootstrap.MESSAGE_LIMIT
+    assert rec["problems"] == [f"message of {1 << 20} characters cut to {bootstrap.MESSAGE_LIMIT}"]
+    assert (rank_dir / "exception.json").stat().st_size < 1_000_000
+
+
+def test_a_failing_user_excepthook_does_not_lose_the_record(tmp_path):
+    """The user's own hook (chained after ours) raises while it runs: Python prints 'Error in
+    sys.excepthook' and the original exception; our record is already on disk."""
+    p, rank_dir = _run(tmp_path, (
+        "import sys\n"
+        "def hook(t, v, tb):\n    raise OSError('log server gone')\n"
+        "import elastic_diag.bootstrap as b\nb._state['previous_excepthook'] = hook\n"
+        "raise KeyError('shard-9')\n"
+    ))  # fmt: skip
+    assert p.returncode == 1 and "Error in sys.excepthook" in p.stderr
+    rec = json.loads((rank_dir / "exception.json").read_text())
+    assert rec["type"] == "KeyError" and rec["message"] == "'shard-9'"
+
+
+def test_a_threads_uncaught_exception_is_recorded(tmp_path):
+    p, rank_dir = _run(tmp_path, (
+        "import threading\n"
+        "def prefetch():\n    raise ValueError('corrupt shard 17')\n"
+        "t = threading.Thread(target=prefetch, name='prefetch')\nt.start(); t.join()\n"
+        "def other():\n    raise KeyError('second')\n"
+        "t = threading.Thread(target=other); t.start(); t.join()\n"
+    ))  # fmt: skip
+    assert p.returncode == 0 and "Exception in thread prefetch" in p.stderr
+    rec = json.loads((rank_dir / bootstrap.THREAD_EXCEPTION_FILE).read_text())
+    assert (rec["type"], rec["message"], rec["thread"]) == ("ValueError", "corrupt shard 17", "prefetch")
+    assert not (rank_dir / bootstrap.EXCEPTION_FILE).exists()
