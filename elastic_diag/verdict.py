@@ -1,0 +1,81 @@
+"""The verdict on one attempt (:class:`Diagnosis`, report.json's ``diagnosis``) and the phrases its
+summaries are written with. Pure data and text: no torch, no I/O."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+ROLES = ("initiating", "collateral", "stopped", "healthy", "unknown")
+MAX_EVIDENCE_LINES = 8
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Diagnosis:
+    failure_class: str
+    initiating_rank: int | None = None
+    initiating_node: str | None = None
+    exception_type: str | None = None
+    signature_id: str | None = None
+    summary: str = ""
+    evidence: tuple[str, ...] = ()
+    fix: str | None = None
+    verify: str | None = None
+    collateral_ranks: tuple[int, ...] = ()
+    roles: dict[int, str] = field(default_factory=dict)
+    retryable: bool | None = None
+    collective: dict[str, object] | None = None  # where the schedules part (desync / mismatch / missing)
+    rule: str | None = None  # the attribution rule that decided (docs/attribution.md)
+    all_ranks: bool = False  # every rank failed the same way: no rank is named
+
+    def to_json(self) -> dict[str, object]:
+        extra: dict[str, object] = {"collective": self.collective} if self.collective else {}
+        return {
+            "failure_class": self.failure_class,
+            "initiating_rank": self.initiating_rank,
+            "initiating_node": self.initiating_node,
+            "exception_type": self.exception_type,
+            "signature_id": self.signature_id,
+            "summary": self.summary,
+            "evidence": list(self.evidence),
+            "fix": self.fix,
+            "verify": self.verify,
+            "collateral_ranks": list(self.collateral_ranks),
+            "rule": self.rule,
+            "all_ranks": self.all_ranks,
+            **extra,
+        }
+
+
+HEALTHY = Diagnosis(failure_class="healthy", summary="All ranks finished successfully.")
+
+
+def format_ranks(ranks: list[int]) -> str:
+    """``0-736, 738-1023``: runs of three or more consecutive ranks as ranges (summaries of big jobs)."""
+    if not ranks:
+        return "none"
+    parts: list[str] = []
+    values = sorted(set(ranks))
+    start = prev = values[0]
+    for r in [*values[1:], None]:
+        if r is not None and r == prev + 1:
+            prev = r
+            continue
+        parts.append(f"{start}-{prev}" if prev - start >= 2 else ", ".join(str(x) for x in range(start, prev + 1)))
+        if r is not None:
+            start = prev = r
+    return ", ".join(parts)
+
+
+def ranks_phrase(ranks: list[int]) -> str:
+    """``Rank 3`` or ``Ranks 0, 1, 3``: the subject of a summary's sentence; a scattered set (one local
+    rank of every node) as ``895 ranks (0-6, 8-14, ...)``, so a summary stays a few lines long."""
+    if len(ranks) == 1:
+        return f"Rank {ranks[0]}"
+    listed = format_ranks(ranks)
+    if len(listed) > 60:
+        return f"{len(ranks)} ranks ({listed[:60].rsplit(',', 1)[0]}, ...)"
+    return f"Ranks {listed}"
+
+
+def were(ranks: list[int]) -> str:
+    return "was" if len(ranks) == 1 else "were"
