@@ -51,15 +51,19 @@ from elastic_diag.capture import (
     read_json,
     read_stack_since,
     read_tail,
+    read_thread_exception,
     stack_file_size,
 )
 from elastic_diag.classify import Diagnosis, classify_attempt, straggler_warnings
 from elastic_diag.config import DiagConfig
 from elastic_diag.evidence import AttemptEvidence, RankEvidence, as_seconds, parse_stack_dump
+from elastic_diag.findings import retryable_own_failure
 from elastic_diag.gate import AttemptOutcome
 from elastic_diag.health import HangAlarm, HealthMonitor, read_progress
 from elastic_diag.report import print_summary
 from elastic_diag.session import DiagSession
+from elastic_diag.tailer import StreamTailer
+from elastic_diag.taxonomy import load_taxonomy
 
 logger = logging.getLogger(__name__)
 
@@ -243,6 +247,10 @@ class AttemptCapture:
         self.diagnosis: Diagnosis | None = None
         self.hang: HangAlarm | None = None
         self.missing_evidence: list[str] = []
+        # every rank's output read as it grows, each line stamped: the first error a rank printed of its
+        # own is when its failure began, even if it re-raised only after seconds of cleanup
+        self.tailer = StreamTailer({w.local_rank: w.layout.dir for w in workers}, clock=clock)
+        self.tailer.start()
         self.health: HealthMonitor | None = None
         if config.hang_timeout_s != 0:
             files = {w.local_rank: w.layout.path(beacon.PROGRESS_FILE) for w in workers}
@@ -342,6 +350,10 @@ class AttemptCapture:
 
     def evidence(self, *, final: bool) -> AttemptEvidence:
         codes = self._poll()
+        try:
+            self.tailer.poll(final=final)  # catch up with what the ranks printed until now
+        except Exception as e:
+            self.session.internal_error("reading the ranks' output", e)
         stopped: set[int] = set()
         alive_at_decision = set(self.alive_at_decision)
         if final and not self.decided:
@@ -390,8 +402,11 @@ class AttemptCapture:
                     step_durations=durations,
                     progress_time=as_seconds(progress.get("progress_time")),
                     steps=int(progress["steps"]) if isinstance(progress.get("steps"), int) else None,
+                    error_line=self.tailer.first_error(lr),
+                    thread_exception=read_thread_exception(w.layout.dir),
                 )
             )
+        problems.extend(self.tailer.problems)
         self.problems = [*self.missing_evidence, *problems]
         return AttemptEvidence(
             attempt=self.attempt.attempt,
@@ -407,6 +422,7 @@ class AttemptCapture:
         self.finished = True
         if self.health is not None:
             self.health.stop()
+        self.tailer.stop()
         status = "succeeded" if result.state == WorkerState.SUCCEEDED else "failed"
         evidence = self.evidence(final=True)
         self.final_evidence = evidence
@@ -713,8 +729,6 @@ class DiagAgent(LocalElasticAgent):
     def _taxonomy_patterns(self, signature_id: str | None) -> tuple[str, ...]:
         if not signature_id:
             return ()
-        from elastic_diag.taxonomy import load_taxonomy
-
         try:
             return tuple(p.pattern for p in load_taxonomy().get(signature_id).patterns)
         except Exception:
@@ -824,9 +838,11 @@ def outcome_of(
     attempt: int, diagnosis: Diagnosis, evidence: AttemptEvidence | None, ckpt: Path | None
 ) -> AttemptOutcome:
     location = None
+    own_retryable = False
     if evidence is not None and diagnosis.initiating_rank is not None:
         ev = next((r for r in evidence.ranks if r.rank == diagnosis.initiating_rank), None)
         location = ev.location() if ev is not None else None
+        own_retryable = ev is not None and retryable_own_failure(ev, load_taxonomy()) is not None
     return AttemptOutcome(
         attempt=attempt,
         failure_class=diagnosis.failure_class,
@@ -836,6 +852,7 @@ def outcome_of(
         location=location,
         retryable=diagnosis.retryable,
         checkpoint=gate.checkpoint_identity(ckpt),
+        own_retryable=own_retryable,
     )
 
 
