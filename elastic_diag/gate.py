@@ -52,6 +52,9 @@ class AttemptOutcome:
     location: str | None = None  # file:line of the initiating rank's failure
     retryable: bool | None = None
     checkpoint: str | None = None  # the latest checkpoint (path and mtime) when the attempt ended
+    # the initiating rank's own exception is retryable (a ConnectionError, a TimeoutError, an I/O error):
+    # stronger than what the verdict's class says when that class was inferred from the other ranks
+    own_retryable: bool = False
 
     @property
     def identity(self) -> tuple[object, ...]:
@@ -90,14 +93,15 @@ def verified(history: Sequence[AttemptOutcome]) -> Decision:
     """The default policy.
 
     * a collective desync or mismatch is deterministic (the same code takes the same branch): no
-      restart;
+      restart, unless the initiating rank's own exception is a retryable one (its own evidence is
+      stronger than an inference from the others' schedules);
     * a failure that repeats the previous attempt's (same class, signature, exception type and
       place) is not restarted into again unless the checkpoint advanced in between;
     * a failure whose signature is not known to be retryable gets one retry at most;
     * otherwise restart, once the verification controls pass.
     """
     last = history[-1]
-    if last.failure_class in DETERMINISTIC_CLASSES:
+    if last.failure_class in DETERMINISTIC_CLASSES and not last.own_retryable:
         return Decision(False, f"{last.describe()} is deterministic: the same code would part the same way again")
     if len(history) >= 2:
         prev = history[-2]
@@ -106,12 +110,15 @@ def verified(history: Sequence[AttemptOutcome]) -> Decision:
                 return Decision(False, f"the same failure as attempt {prev.attempt} ({last.describe()}) and the "
                                        "checkpoint did not advance in between: restarting would repeat it")  # fmt: skip
             return Decision(True, f"the same failure as attempt {prev.attempt}, but the checkpoint advanced")
-    if last.retryable is not True:
-        earlier = [h for h in history[:-1] if h.retryable is not True]
+    if last.retryable is not True and not last.own_retryable:
+        earlier = [h for h in history[:-1] if h.retryable is not True and not h.own_retryable]
         if earlier:
             return Decision(False, f"{last.describe()} is not known to be retryable and attempt {earlier[-1].attempt} "
                                    "already used the one retry such failures get")  # fmt: skip
         return Decision(True, f"{last.describe()} is not known to be retryable: one retry, after verification")
+    if last.own_retryable and last.retryable is not True:
+        return Decision(True, f"{last.describe()}: the initiating rank's own exception is retryable: restart after "
+                              "verification")  # fmt: skip
     return Decision(True, f"{last.describe()} is retryable: restart after verification")
 
 

@@ -33,6 +33,16 @@ def test_verified_policy():
     desync = v([failure(0, cls="collective_desync")])
     assert not desync.restart and "deterministic" in desync.reason
     assert not gate.never([failure(0)]).restart
+    # the initiating rank's own ConnectionError beats a schedule inference, and keeps restarting
+    own = AttemptOutcome(attempt=0, failure_class="collective_desync", exception_type="ConnectionError",
+                         own_retryable=True)  # fmt: skip
+    assert v([own]).restart and "own exception is retryable" in v([own]).reason
+    assert v(
+        [
+            failure(0, retryable=True),
+            AttemptOutcome(attempt=1, failure_class="python_exception", own_retryable=True, location="loader.py:3"),
+        ]
+    ).restart
     assert gate.always([failure(0), failure(1)]) == Decision(True, gate.always([]).reason, verify=False)
 
 
