@@ -1,0 +1,201 @@
+"""Failures nobody here planned: training scripts written the way users write them (tests/scenarios/),
+each run for real under torchrun-diag on CPU gloo ranks, the report checked for the right culprit,
+class and deciding rule (docs/attribution.md lists the rule each scenario exercises).
+
+The scripts know nothing of elastic_diag: they are what a user brings. Two ranks where a third adds
+nothing (a rank's own failure), three where the evidence is a majority (mismatches, desyncs).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import ROOT, launch, torchrun_diag
+
+pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(200)]
+
+SCENARIOS = ROOT / "tests" / "scenarios"
+ANY = object()
+
+
+@dataclass(frozen=True)
+class Scenario:
+    script: str
+    nproc: int
+    culprit: int | None
+    cls: str
+    exception_type: Any = ANY
+    rule: str | None = None
+    all_ranks: bool = False
+    flags: tuple[str, ...] = ()
+    env: dict[str, str] = field(default_factory=dict)
+    returncode: int = 1
+    check: Callable[[dict[str, Any]], None] | None = None
+    timeout: float = 150
+
+
+def _summary_has(*words: str) -> Callable[[dict[str, Any]], None]:
+    def check(report: dict[str, Any]) -> None:
+        summary = report["diagnosis"]["summary"]
+        for w in words:
+            assert w in summary, (w, summary)
+
+    return check
+
+
+def _restarted_and_succeeded(report: dict[str, Any]) -> None:
+    assert report["status"] == "succeeded" and len(report["attempts"]) == 2, report["status"]
+    first = report["attempts"][0]
+    d = first["diagnosis"]
+    assert (d["initiating_rank"], d["failure_class"], d["exception_type"]) == (1, "python_exception",
+                                                                               "ShardDownloadError")  # fmt: skip
+    assert first["gate"]["decision"] == "restart", first["gate"]
+    assert "retryable" in first["gate"]["reason"]
+
+
+def _lost_stderr_kept(report: dict[str, Any]) -> None:
+    culprit = next(r for r in report["ranks"] if r["rank"] == 1)
+    assert any("batch = collate(samp" in line for line in culprit["last_lines"]), culprit["last_lines"]
+
+
+CASES: list[Scenario] = [
+    # -- a rank's own failure, whatever the others' view of it -------------------------------------
+    Scenario("fetch_connection_refused.py", 3, 1, "python_exception", "ConnectionRefusedError", "own_failure_first"),
+    Scenario(
+        "fetch_retry_then_success.py",
+        2,
+        None,
+        "healthy",
+        returncode=0,
+        flags=("--max-restarts", "1"),
+        check=_restarted_and_succeeded,
+    ),
+    Scenario("dataloader_getitem_error.py", 2, 1, "python_exception", "KeyError", "own_failure_first"),
+    Scenario("dataloader_worker_killed.py", 2, 1, "killed", "RuntimeError", "own_failure_first"),
+    Scenario("dataloader_worker_segfault.py", 2, 1, "segfault", "RuntimeError", "own_failure_first"),
+    Scenario(
+        "thread_dies_main_waits.py",
+        3,
+        2,
+        "python_exception",
+        "ValueError",
+        "own_failure_first",
+        check=_summary_has("thread 'prefetch'"),
+    ),
+    Scenario("early_return.py", 3, 2, "collective_desync", None, "exited_while_peers_waited"),
+    Scenario("sys_exit_message.py", 2, 1, "silent_exit", None, "own_failure_first"),
+    Scenario("external_sigterm.py", 2, 1, "killed", None, "own_failure_first"),
+    Scenario("external_sigint.py", 2, 1, "killed", "KeyboardInterrupt", "own_failure_first"),
+    # -- the error printed first: catch, log, clean up, re-raise ----------------------------------------
+    Scenario(
+        "logging_exception_slow_save.py",
+        3,
+        1,
+        "python_exception",
+        "ValueError",
+        "own_failure_first",
+        check=_summary_has("It printed the error"),
+    ),
+    Scenario("print_exc_finally_flush.py", 2, 1, "python_exception", "KeyError", "own_failure_first"),
+    Scenario("finally_barrier.py", 3, 2, "python_exception", "RuntimeError", "own_failure_first"),
+    # -- host memory ----------------------------------------------------------------------------------
+    Scenario("numpy_memory_error.py", 2, 1, "host_oom", "numpy._core._exceptions._ArrayMemoryError"),
+    Scenario("torch_cpu_alloc.py", 3, 2, "host_oom", "RuntimeError"),
+    # -- DDP's own errors -----------------------------------------------------------------------------
+    Scenario(
+        "ddp_branch_skips_head.py",
+        3,
+        2,
+        "collective_desync",
+        "RuntimeError",
+        "own_failure_first",
+        check=_summary_has("skipped parameters"),
+    ),
+    Scenario(
+        "ddp_branch_skips_head.py",
+        3,
+        2,
+        "collective_desync",
+        "RuntimeError",
+        "own_failure_first",
+        env={"TORCH_DISTRIBUTED_DEBUG": "INFO"},
+        check=_summary_has("aux_head.bias, aux_head.weight"),
+    ),
+    Scenario(
+        "ddp_unused_everywhere.py",
+        2,
+        None,
+        "collective_desync",
+        "RuntimeError",
+        "same_failure_everywhere",
+        all_ranks=True,
+    ),
+    # -- every rank the same way ------------------------------------------------------------------------
+    Scenario(
+        "import_missing_module.py",
+        3,
+        None,
+        "python_exception",
+        "ModuleNotFoundError",
+        "same_failure_everywhere",
+        all_ranks=True,
+    ),
+    Scenario("bad_config_key.py", 3, None, "python_exception", "KeyError", "same_failure_everywhere", all_ranks=True),
+    Scenario(
+        "missing_dataset_per_rank.py",
+        2,
+        None,
+        "python_exception",
+        "FileNotFoundError",
+        "same_failure_everywhere",
+        all_ranks=True,
+    ),
+    Scenario(
+        "shape_bug_everywhere.py",
+        3,
+        None,
+        "python_exception",
+        "RuntimeError",
+        "same_failure_everywhere",
+        all_ranks=True,
+    ),
+    # -- bad input: evidence that resists ----------------------------------------------------------------
+    Scenario("unprintable_exception.py", 2, 1, "python_exception", "TokenizerError", "own_failure_first"),
+    Scenario("huge_message.py", 2, 1, "python_exception", "ValueError", "own_failure_first"),
+    Scenario("interleaved_tracebacks.py", 2, 1, "python_exception", "KeyError", "own_failure_first"),
+    Scenario("sigkill_mid_traceback.py", 2, 1, "killed", None, "own_failure_first", check=_lost_stderr_kept),
+    Scenario("user_excepthook_raises.py", 2, 1, "python_exception", "IndexError", "own_failure_first"),
+]
+
+
+def _id(s: Scenario) -> str:
+    return s.script.removesuffix(".py") + ("-" + "-".join(f"{k}={v}" for k, v in s.env.items()) if s.env else "")
+
+
+@pytest.mark.parametrize("scenario", CASES, ids=[_id(s) for s in CASES])
+def test_scenario(tmp_path: Path, scenario: Scenario) -> None:
+    argv = torchrun_diag("--standalone", "--nproc-per-node", str(scenario.nproc), *scenario.flags,
+                         "--diag-dir", str(tmp_path), str(SCENARIOS / scenario.script))  # fmt: skip
+    run = launch(argv, tmp_path, timeout=scenario.timeout, env=scenario.env)
+    assert run.returncode == scenario.returncode, run.stderr[-4000:]
+    report = run.report
+    d = report["diagnosis"]
+    got = (d["initiating_rank"], d["failure_class"])
+    assert got == (scenario.culprit, scenario.cls), (d, run.stderr[-3000:])
+    if scenario.exception_type is not ANY:
+        assert d["exception_type"] == scenario.exception_type, d
+    if scenario.rule is not None:
+        assert d["rule"] == scenario.rule, d
+    assert d["all_ranks"] is scenario.all_ranks
+    if scenario.returncode:
+        assert d["summary"] and d["evidence"] and d["fix"] and d["verify"], d
+        roles = {r["rank"]: r["role"] for r in report["ranks"]}
+        if scenario.culprit is not None:
+            assert roles[scenario.culprit] == "initiating", roles
+            assert f"initiating rank {scenario.culprit}" in run.stderr
+    if scenario.check is not None:
+        scenario.check(report)
