@@ -249,6 +249,17 @@ def named_in_exception(ctx: Context) -> Diagnosis | None:
     line = named[rank][0][2]
     inner, inner_line, inner_type = _inner_error(ctx, rank)
     sig = inner or wrapper
+    if len(ctx.findings) >= 2 and set(ctx.findings) <= set(named):
+        # every rank's part failed (a load of a checkpoint that is incomplete for all): no rank to name
+        what = inner_line or line
+        summary = (f"Every rank's part failed ({wrapper.title}, naming ranks {format_ranks(sorted(named))}): "
+                   f"{what[:300]}. No rank failed before the others: what they share (the checkpoint, its "
+                   "storage) is the cause.")  # fmt: skip
+        return Diagnosis(
+            failure_class=sig.failure_class, exception_type=inner_type, signature_id=sig.id, summary=summary,
+            evidence=tuple(x for x in (line[:1000], inner_line) if x), fix=sig.fix, verify=sig.verify,
+            roles={r: "initiating" for r in ctx.findings}, retryable=sig.retryable, all_ranks=True,
+        )  # fmt: skip
     if rank not in ctx.findings:
         return None
     ev = ctx.ev(rank)

@@ -36,8 +36,8 @@ _CHAINED = ("During handling of the above exception", "The above exception was t
 _THREAD = re.compile(r"^Exception in thread (?P<name>.+?)(?: \(\w+\))?:$")
 _EXC_LINE = re.compile(r"^(?P<type>[A-Za-z_][\w.]*)(?:: (?P<msg>.*))?$")
 _FRAME_LINE = re.compile(r"^\s")
-MAX_TRACEBACK_LINES = 400
-MAX_MESSAGE_LINES = 40
+MAX_TRACEBACK_LINES = 2000
+MAX_MESSAGE_LINES = 1500  # DCP quotes every failed rank's traceback in its message
 MAX_LINE = 4000
 CONFIRM_LINES = 3  # lines after a native error line that must not be a symptom
 MAX_MESSAGE_CHARS = 20_000
@@ -63,6 +63,8 @@ class _Block:
     message_lines: int = 0
     frames: int = 0
     ignored: bool = False  # the traceback of a failing excepthook (the real one follows it)
+    chained: bool = False  # "During handling of the above exception..." was the last separator
+    exception_at: float | None = None  # when its (last) exception line arrived
 
 
 class ErrorScanner:
@@ -87,6 +89,22 @@ class ErrorScanner:
     def found(self) -> ErrorLine | None:
         return self._found
 
+    def settled(self, now: float, after_s: float = 1.0) -> ErrorLine | None:
+        """The first own error once nothing is likely to change it: found, or a traceback whose
+        exception line arrived ``after_s`` ago (a long message may still be arriving; its first line,
+        which the verdict reads, is known)."""
+        if self._found is not None:
+            return self._found
+        block = self._block
+        if (
+            block is not None
+            and block.exceptions
+            and block.exception_at is not None
+            and now - block.exception_at >= after_s
+        ):
+            return self._judge(block)
+        return None
+
     def first(self) -> ErrorLine | None:
         """The first own error, a traceback still being written counted as complete (the stream may
         have ended with it: the rank died), and a native error line with nothing after it."""
@@ -105,7 +123,7 @@ class ErrorScanner:
         logged = _plausible(parsed.time, arrival)
         block = self._block
         if block is not None:
-            if self._continue(block, text):
+            if self._continue(block, text, arrival):
                 return
             self._block = None
             judged = self._judge(block)
@@ -150,14 +168,25 @@ class ErrorScanner:
         self._pending = self._judge_line(text, arrival, logged)
         self._pending_lines = 0
 
-    def _continue(self, block: _Block, text: str) -> bool:
+    def _continue(self, block: _Block, text: str, arrival: float) -> bool:
         """Whether ``text`` still belongs to the traceback being read."""
         if len(block.lines) >= MAX_TRACEBACK_LINES:
             return False
-        if text.startswith(TRACEBACK) or any(text.startswith(c) for c in _CHAINED):
+        if any(text.startswith(c) for c in _CHAINED):
             block.in_message = False
+            block.chained = True
             block.lines.append(text)
             return True
+        if text.startswith(TRACEBACK):
+            if block.chained:  # the next exception of the chain
+                block.chained = False
+                block.in_message = False
+                block.lines.append(text)
+                return True
+            if not block.in_message:
+                return False  # another traceback, printed after this one
+            # a traceback inside the message (torch.distributed.checkpoint quotes each failed rank's own
+            # "Traceback (most recent call last): (RANK 2)"): the message's, not the rank's
         if not text:
             if block.exceptions:
                 block.in_message = False
@@ -179,6 +208,7 @@ class ErrorScanner:
             m = _EXC_LINE.match(text)
             if m is not None:
                 block.exceptions.append((m["type"], (m["msg"] or "")[:MAX_MESSAGE_CHARS]))
+                block.exception_at = arrival
                 block.in_message = True
                 block.message_lines = 0
                 block.lines.append(text)

@@ -135,7 +135,8 @@ class StreamTailer:
     def _write_first(self, key: int, final: bool) -> None:
         if key in self._written:
             return
-        found = [e for s in self._streams[key] if (e := (s.scanner.first() if final else s.scanner.found)) is not None]
+        now = self._clock()
+        found = [e for s in self._streams[key] if (e := (s.scanner.first() if final else s.scanner.settled(now)))]
         if not found:
             return
         self._written.add(key)

@@ -431,3 +431,15 @@ def test_the_gate_sees_the_initiating_ranks_own_retryable_exception():
     full = rank(1, exit_code=1, exception=exc("OSError: [Errno 28] No space left on device", 3.0))
     assert retryable_own_failure(fetch, tax) is not None and retryable_own_failure(io, tax) is not None
     assert retryable_own_failure(bug, tax) is None and retryable_own_failure(full, tax) is None
+
+
+def test_a_wrapper_exception_naming_every_rank_names_no_rank():
+    text = ("CheckpointException ranks:dict_keys([0, 1, 2])\n" + "".join(
+        f"Traceback (most recent call last): (RANK {r})\n  File \"/venv/torch/distributed/checkpoint/filesystem.py\", "
+        f"line 871, in read_data\nFileNotFoundError: [Errno 2] No such file or directory: '/ckpt/__2_0.distcp'\n"
+        for r in range(3)))  # fmt: skip
+    d = classify_attempt(attempt(*(rank(r, exit_code=1, exit_time=2.0, exception=ExceptionRecord(
+        type="torch.distributed.checkpoint.api.CheckpointException", message=text, traceback=text, time=2.0))
+        for r in range(3))))  # fmt: skip
+    assert (d.initiating_rank, d.all_ranks, d.failure_class) == (None, True, "io_error")
+    assert d.exception_type == "FileNotFoundError" and "__2_0.distcp" in d.summary

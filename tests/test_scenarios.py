@@ -32,6 +32,7 @@ class Scenario:
     rule: str | None = None
     all_ranks: bool = False
     flags: tuple[str, ...] = ()
+    args: tuple[str, ...] = ()  # the script's own arguments; "{tmp}" is the test's temporary folder
     env: dict[str, str] = field(default_factory=dict)
     returncode: int = 1
     check: Callable[[dict[str, Any]], None] | None = None
@@ -57,6 +58,14 @@ def _restarted_and_succeeded(report: dict[str, Any]) -> None:
     assert "retryable" in first["gate"]["reason"]
 
 
+def _healthy_with_steps(report: dict[str, Any]) -> None:
+    """The beacon's hooks fired under the framework's optimizer and backward wrappers, and the health
+    monitor (3 s threshold here) raised no alarm."""
+    assert report["status"] == "succeeded" and report["warnings"] == [], report["warnings"]
+    assert all((r["steps"] or 0) > 0 and r["role"] == "healthy" for r in report["ranks"]), report["ranks"]
+    assert "hang" not in report["attempts"][0]
+
+
 def _lost_stderr_kept(report: dict[str, Any]) -> None:
     culprit = next(r for r in report["ranks"] if r["rank"] == 1)
     assert any("batch = collate(samp" in line for line in culprit["last_lines"]), culprit["last_lines"]
@@ -76,7 +85,9 @@ CASES: list[Scenario] = [
     ),
     Scenario("dataloader_getitem_error.py", 2, 1, "python_exception", "KeyError", "own_failure_first"),
     Scenario("dataloader_worker_killed.py", 2, 1, "killed", "RuntimeError", "own_failure_first"),
-    Scenario("dataloader_worker_segfault.py", 2, 1, "segfault", "RuntimeError", "own_failure_first"),
+    # the main process raises RuntimeError "is killed by signal" or, when it was reading the worker's
+    # pipe, ConnectionResetError (both seen on torch 2.13); the worker's own last line tells
+    Scenario("dataloader_worker_segfault.py", 2, 1, "segfault", ANY, "own_failure_first"),
     Scenario(
         "thread_dies_main_waits.py",
         3,
@@ -105,6 +116,9 @@ CASES: list[Scenario] = [
     # -- host memory ----------------------------------------------------------------------------------
     Scenario("numpy_memory_error.py", 2, 1, "host_oom", "numpy._core._exceptions._ArrayMemoryError"),
     Scenario("torch_cpu_alloc.py", 3, 2, "host_oom", "RuntimeError"),
+    # -- FSDP2 ---------------------------------------------------------------------------------------
+    Scenario("fsdp2_forward_error.py", 3, 2, "python_exception", "RuntimeError", "own_failure_first"),
+    Scenario("fsdp2_cpu_alloc.py", 2, 1, "host_oom", "RuntimeError", "own_failure_first"),
     # -- DDP's own errors -----------------------------------------------------------------------------
     Scenario(
         "ddp_branch_skips_head.py",
@@ -134,6 +148,22 @@ CASES: list[Scenario] = [
         "same_failure_everywhere",
         all_ranks=True,
     ),
+    # -- real frameworks, on CPU ------------------------------------------------------------------------
+    Scenario("lightning_training_step_error.py", 2, 1, "python_exception", "ValueError", "own_failure_first"),
+    Scenario("accelerate_loop_error.py", 3, 2, "python_exception", "IndexError", "own_failure_first"),
+    Scenario("transformers_trainer_dataset_error.py", 2, 1, "python_exception", "KeyError", "own_failure_first",
+             args=(), env={"SCENARIO_OUT": "{tmp}/hf"}),
+    *(Scenario(script, 2, None, "healthy", returncode=0, flags=("--diag-hang-timeout", "3"), check=_healthy_with_steps,
+               env={"SCENARIO_FAIL_RANK": "-1", "SCENARIO_OUT": "{tmp}/hf"})
+      for script in ("lightning_training_step_error.py", "accelerate_loop_error.py",
+                     "transformers_trainer_dataset_error.py")),
+    # -- a framework's exception that names the failing rank ---------------------------------------------
+    Scenario("dcp_save_disk_full.py", 3, 2, "io_error", "OSError", "named_in_exception", args=("{tmp}/ckpt",),
+             check=_summary_has("No space left on device")),
+    Scenario("dcp_load_lost_shard.py", 3, 1, "io_error", "FileNotFoundError", "named_in_exception",
+             args=("{tmp}/ckpt",)),
+    Scenario("dcp_load_replicated_missing.py", 3, None, "io_error", "FileNotFoundError", "named_in_exception",
+             all_ranks=True, args=("{tmp}/ckpt",)),
     # -- every rank the same way ------------------------------------------------------------------------
     Scenario(
         "import_missing_module.py",
@@ -173,14 +203,19 @@ CASES: list[Scenario] = [
 
 
 def _id(s: Scenario) -> str:
-    return s.script.removesuffix(".py") + ("-" + "-".join(f"{k}={v}" for k, v in s.env.items()) if s.env else "")
+    name = s.script.removesuffix(".py")
+    if s.env.get("SCENARIO_FAIL_RANK") == "-1":
+        return f"{name}-healthy"
+    return name + "".join(f"-{k}={v}" for k, v in s.env.items() if k.startswith("TORCH_"))
 
 
 @pytest.mark.parametrize("scenario", CASES, ids=[_id(s) for s in CASES])
 def test_scenario(tmp_path: Path, scenario: Scenario) -> None:
     argv = torchrun_diag("--standalone", "--nproc-per-node", str(scenario.nproc), *scenario.flags,
-                         "--diag-dir", str(tmp_path), str(SCENARIOS / scenario.script))  # fmt: skip
-    run = launch(argv, tmp_path, timeout=scenario.timeout, env=scenario.env)
+                         "--diag-dir", str(tmp_path / "diag"), str(SCENARIOS / scenario.script),
+                         *(a.replace("{tmp}", str(tmp_path)) for a in scenario.args))  # fmt: skip
+    env = {k: v.replace("{tmp}", str(tmp_path)) for k, v in scenario.env.items()}
+    run = launch(argv, tmp_path / "diag", timeout=scenario.timeout, env=env)
     assert run.returncode == scenario.returncode, run.stderr[-4000:]
     report = run.report
     d = report["diagnosis"]
