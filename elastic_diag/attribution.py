@@ -27,7 +27,9 @@ product's contract (docs/attribution.md, where each rule has the scenario that e
     its peers' (who agree).
 12. ``only_rank_without_error``: the one rank that neither failed nor reported a timeout.
 13. ``exited_while_peers_waited``: the one rank that exited 0 while its peers waited for it.
-14. ``no_rank_named``: the evidence names no rank; the summary says why.
+14. ``schedules_disagree``: the flight recorders disagree at a collective with no majority (two
+    ranks, one against one): both sides, no rank named.
+15. ``no_rank_named``: the evidence names no rank; the summary says why.
 
 Pure: no torch, no I/O, no clock.
 """
@@ -395,6 +397,36 @@ def exited_while_peers_waited(ctx: Context) -> Diagnosis | None:
     return _rank_verdict(ctx, early[0], "exited 0 while its peers still waited for it in a collective")
 
 
+def schedules_disagree(ctx: Context) -> Diagnosis | None:
+    """The flight recorders disagree at a collective and no majority tells which side parted (two ranks,
+    or one against one): both sides, no rank named."""
+    s = ctx.schedule
+    if not ctx.failing or s is None or s.kind not in ("desync", "mismatch") or s.ranks:
+        return None
+    mismatch = s.kind == "mismatch"
+    sig = ctx.taxonomy.get("collective-mismatch" if mismatch else "collective-schedule-diverged")
+    sides = "; ".join(f"rank {r}: {v}" for r, v in sorted(s.sides.items()))
+    summary = (
+        f"The ranks issued {'the same collective with different sizes or dtypes' if mismatch else 'different collectives'} "
+        f"at collective #{s.seq} of process group {s.group} ({sides}), and no majority tells which side parted: with "
+        "as many ranks on each side, the evidence cannot name one. Compare the two sides' code at that step."
+    )
+    roles = {r: ("collateral" if f.state == "failed" else "healthy" if f.state == "succeeded" else "stopped")
+             for r, f in ctx.findings.items()}  # fmt: skip
+    return Diagnosis(
+        failure_class="collective_mismatch" if mismatch else "collective_desync",
+        signature_id=sig.id,
+        summary=summary,
+        evidence=(s.summary, *(f"rank {r}: #{s.seq} {v}" for r, v in sorted(s.sides.items())))[:MAX_EVIDENCE_LINES],
+        fix=sig.fix,
+        verify=sig.verify,
+        collateral_ranks=tuple(sorted(r for r, role in roles.items() if role == "collateral")),
+        roles=roles,
+        retryable=sig.retryable,
+        collective=_finding_json(s, ctx.evidence),
+    )
+
+
 def no_rank_named(ctx: Context) -> Diagnosis:
     """The evidence names no rank: say so, and why."""
     roles = _roles(ctx, None)
@@ -434,6 +466,7 @@ RULES: tuple[Rule, ...] = (
     odd_location,
     only_rank_without_error,
     exited_while_peers_waited,
+    schedules_disagree,
     no_rank_named,
 )
 

@@ -24,6 +24,8 @@ from elastic_diag.flight_recorder import compare, lateness_samples
 from elastic_diag.taxonomy import Signature, Taxonomy, load_taxonomy
 from elastic_diag.verdict import HEALTHY, MAX_EVIDENCE_LINES, ROLES, Diagnosis, format_ranks
 
+RECEIVED_TOO_MUCH = "gloo-received-size-mismatch"
+
 __all__ = [
     "HEALTHY",
     "MAX_EVIDENCE_LINES",
@@ -51,7 +53,9 @@ def classify_attempt(
     tax = taxonomy or load_taxonomy()
     findings = {ev.rank: examine_rank(ev, tax, evidence.decided_at) for ev in evidence.ranks}
     records = {ev.rank: ev.flight_record for ev in evidence.ranks if ev.flight_record is not None}
-    schedule = compare(records, sorted(findings)).finding if len(records) >= 2 else None
+    # gloo aborts the rank that RECEIVED more than its tensor holds, before any dump: its smaller side
+    receivers = [r for r, f in findings.items() if f.signature is not None and f.signature.id == RECEIVED_TOO_MUCH]
+    schedule = compare(records, sorted(findings), receivers).finding if records else None
     return attribute(build_context(evidence, findings, tax, schedule, extra_votes))
 
 

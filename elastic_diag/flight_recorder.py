@@ -26,10 +26,20 @@ import json
 import pickle
 import statistics
 from collections import Counter
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import Any
 
 MAX_ENTRIES = 20_000
+
+
+# Collectives whose arguments differ by rank in a correct program: the root of a scatter passes the
+# list its peers do not (they pass none), the root of a gather receives the list; an all_to_all's
+# splits are uneven by design (MoE routing). Measured on torch 2.13 gloo (docs/attribution.md).
+_BY_OUTPUT = ("scatter",)
+_SIZES_VARY = ("all_to_all", "alltoall", "alltoall_base", "all_to_all_single")
+_DTYPE_BYTES = {"Float": 4, "Double": 8, "Half": 2, "BFloat16": 2, "Int": 4, "Long": 8, "Short": 2, "Byte": 1,
+                "Char": 1, "Bool": 1, "ComplexFloat": 8, "ComplexDouble": 16}  # fmt: skip
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,13 +49,42 @@ class Collective:
     sizes: str  # input sizes, as text: "[[1]]"
     dtypes: str
     time_ns: int | None
+    out_sizes: str = ""
+    out_dtypes: str = ""
 
     @property
     def shape(self) -> tuple[str, str, str]:
+        """What every rank must agree on: the op and the sizes and dtypes every rank passes."""
+        if self.op in _BY_OUTPUT:
+            return (self.op, self.out_sizes, self.out_dtypes)
+        if self.op in _SIZES_VARY:
+            return (self.op, "", self.dtypes)
         return (self.op, self.sizes, self.dtypes)
 
     def describe(self) -> str:
+        if self.op in _BY_OUTPUT:
+            return f"{self.op} output sizes {self.out_sizes} {self.out_dtypes}"
         return f"{self.op} sizes {self.sizes} {self.dtypes}"
+
+    def nbytes(self) -> int | None:
+        """The bytes of what it passes (its comparable sizes), when the sizes and dtypes can be read."""
+        sizes, dtypes = (self.out_sizes, self.out_dtypes) if self.op in _BY_OUTPUT else (self.sizes, self.dtypes)
+        try:
+            shapes = json.loads(sizes)
+        except ValueError:
+            return None
+        names = [d for d in dtypes.split(",") if d]
+        if not isinstance(shapes, list) or len(names) != len(shapes):
+            return None
+        total = 0
+        for dims, name in zip(shapes, names, strict=True):
+            if not isinstance(dims, list) or name not in _DTYPE_BYTES:
+                return None
+            n = 1
+            for d in dims:
+                n *= int(d) if isinstance(d, int) else 0
+            total += n * _DTYPE_BYTES[name]
+        return total
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,6 +158,8 @@ def parse_record(rank: int, data: dict[str, Any]) -> RankRecord:
             sizes=json.dumps(e.get("input_sizes"), separators=(",", ":")),
             dtypes=",".join(str(d) for d in e.get("input_dtypes") or []),
             time_ns=t if isinstance(t, int) else None,
+            out_sizes=json.dumps(e.get("output_sizes"), separators=(",", ":")),
+            out_dtypes=",".join(str(d) for d in e.get("output_dtypes") or []),
         )
     status: dict[str, tuple[int, int]] = {}
     for pg, st in (data.get("pg_status") or {}).items():
@@ -139,32 +180,96 @@ def _join(ranks: list[int] | tuple[int, ...]) -> str:
     return ", ".join(str(r) for r in sorted(ranks))
 
 
-def compare(records: dict[int, RankRecord], expected: list[int] | None = None) -> Comparison:
-    """Compare the ranks' schedules; ``expected``: every rank of the attempt (to name missing dumps)."""
+def compare(
+    records: dict[int, RankRecord], expected: list[int] | None = None, receivers: Collection[int] = ()
+) -> Comparison:
+    """Compare the ranks' schedules; ``expected``: every rank of the attempt (to name missing dumps).
+
+    ``receivers``: ranks without a record that gloo aborted because they RECEIVED more bytes than their
+    own tensor holds (``op.preamble.length <= op.nbytes``; the abort kills them before any dump). Each
+    one had the smaller side of the collective that failed: it breaks a tie between the records (1 vs 1
+    with 3 ranks), and when every record agrees it is itself the rank whose tensor differed. When every
+    rank but one is such a receiver, the one left sent them more than they hold.
+    """
     out = Comparison()
-    if expected is not None:
-        absent = [r for r in expected if r not in records]
-        if absent:
-            out.problems.append(f"no flight-recorder dump from rank(s) {_join(absent)}")
+    absent = [r for r in expected if r not in records] if expected is not None else []
+    if absent:
+        out.problems.append(f"no flight-recorder dump from rank(s) {_join(absent)}")
+    receivers = [r for r in receivers if r not in records]
     if len(records) < 2:
+        if len(records) == 1 and len(receivers) >= 2 and expected is not None and len(receivers) == len(expected) - 1:
+            out.finding = _sender_of_too_much(records, receivers)
         return out
     group_names = sorted({g for rec in records.values() for g in rec.groups})
+    ties: list[Finding] = []
     for group in group_names:
-        finding = _first_divergence(group, records)
+        finding = _first_divergence(group, records, receivers, ties)
         if finding is not None:
             out.finding = finding
             break
+    if out.finding is None and len(receivers) == 1 and absent == receivers:
+        out.finding = _receiver_parted(records, receivers[0])
     if out.finding is None:
         for group in group_names:
             finding = _missing_from_collective(group, records)
             if finding is not None:
                 out.finding = finding
                 break
+    if out.finding is None and ties:
+        out.finding = ties[0]
     out.lags = lateness(records)
     return out
 
 
-def _first_divergence(group: str, records: dict[int, RankRecord]) -> Finding | None:
+def _last_common(records: dict[int, RankRecord]) -> tuple[str, Collective] | None:
+    """The last collective of the first group every record holds, when all agree on it."""
+    for group in sorted({g for rec in records.values() for g in rec.groups}):
+        tops = {r: max(rec.groups[group]) for r, rec in records.items() if rec.groups.get(group)}
+        if len(tops) != len(records) or len(set(tops.values())) != 1:
+            continue
+        seq = next(iter(tops.values()))
+        shapes = {rec.groups[group][seq].shape for rec in records.values()}
+        if len(shapes) == 1:
+            return group, next(iter(records.values())).groups[group][seq]
+    return None
+
+
+def _receiver_parted(records: dict[int, RankRecord], receiver: int) -> Finding | None:
+    """Every record agrees; the one rank without a record aborted receiving more than its tensor holds:
+    its own tensor was the smaller, the odd one."""
+    common = _last_common(records)
+    if common is None:
+        return None
+    group, c = common
+    sides = {r: c.describe() for r in sorted(records)}
+    sides[receiver] = f"{c.op} with a smaller tensor (it aborted receiving more bytes than it holds; no record)"
+    summary = (
+        f"process group {group}, collective #{c.seq} ({c.describe()}): rank(s) {_join(sorted(records))} agree; rank "
+        f"{receiver} aborted receiving more bytes than its own tensor holds, so its tensor was smaller than theirs"
+    )
+    return Finding(kind="mismatch", ranks=(receiver,), group=group, seq=c.seq, sides=dict(sorted(sides.items())),
+                   summary=summary)  # fmt: skip
+
+
+def _sender_of_too_much(records: dict[int, RankRecord], receivers: list[int]) -> Finding | None:
+    """Every rank but one aborted receiving more bytes than it holds: the one left sent them."""
+    ((rank, rec),) = records.items()
+    for group in sorted(rec.groups):
+        if not rec.groups[group]:
+            continue
+        c = rec.groups[group][max(rec.groups[group])]
+        sides = {rank: c.describe(), **{r: f"{c.op} with a smaller tensor (aborted receiving it; no record)"
+                                        for r in receivers}}  # fmt: skip
+        summary = (f"process group {group}, collective #{c.seq} ({c.describe()}): rank(s) {_join(receivers)} aborted "
+                   f"receiving more bytes than their tensors hold from it")  # fmt: skip
+        return Finding(kind="mismatch", ranks=(rank,), group=group, seq=c.seq, sides=dict(sorted(sides.items())),
+                       summary=summary)  # fmt: skip
+    return None
+
+
+def _first_divergence(
+    group: str, records: dict[int, RankRecord], receivers: Collection[int] = (), ties: list[Finding] | None = None
+) -> Finding | None:
     by_rank = {r: rec.groups.get(group, {}) for r, rec in records.items()}
     if sum(1 for s in by_rank.values() if s) < 2:
         return None
@@ -178,14 +283,27 @@ def _first_divergence(group: str, records: dict[int, RankRecord]) -> Finding | N
         counts = Counter(c.shape for c in present.values())
         if len(counts) < 2:
             continue
+        if receivers and len(counts) == 2:
+            # each receiver that aborted had the smaller side: a vote for the shape with fewer bytes
+            (a, _), (b, _) = counts.most_common(2)
+            sized = {shape: next(c for c in present.values() if c.shape == shape).nbytes() for shape in (a, b)}
+            if all(v is not None for v in sized.values()) and sized[a] != sized[b]:
+                smaller = min(sized, key=lambda shape: sized[shape] or 0)
+                counts[smaller] += len(receivers)
         majority_shape, majority_n = counts.most_common(1)[0]
         if list(counts.values()).count(majority_n) > 1:
+            if ties is not None and not ties:  # no majority (1 against 1): both sides, nobody named
+                sides = {r: c.describe() for r, c in sorted(present.items())}
+                kind = "desync" if len({c.op for c in present.values()}) > 1 else "mismatch"
+                ties.append(Finding(kind=kind, ranks=(), group=group, seq=seq,
+                                    sides=sides, summary=f"process group {group}, collective #{seq}: the ranks "
+                                    f"disagree ({'; '.join(f'rank {r}: {v}' for r, v in sides.items())}) and no "
+                                    "majority tells which side parted"))  # fmt: skip
             continue  # no majority (e.g. 2 ranks against 2): cannot say who parted
         minority = sorted(r for r, c in present.items() if c.shape != majority_shape)
-        majority_shapes = {c.shape for r, s in by_rank.items() if r not in minority for c in s.values()}
-        desync = all(present[r].shape in majority_shapes for r in minority)
         sides = {r: c.describe() for r, c in sorted(present.items())}
-        kind = "desync" if desync else "mismatch"
+        kind = _kind(present, by_rank, minority)
+        desync = kind == "desync"
         what = "issued a different collective" if desync else "issued the same collective with other sizes/dtypes/op"
         example = next(c for c in present.values() if c.shape == majority_shape)
         summary = (
@@ -194,6 +312,45 @@ def _first_divergence(group: str, records: dict[int, RankRecord]) -> Finding | N
         )
         return Finding(kind=kind, ranks=tuple(minority), group=group, seq=seq, sides=sides, summary=summary)
     return None
+
+
+def _period(schedule: dict[int, Collective], before: int) -> int | None:
+    """The smallest period (collectives per step, up to 12) that the schedule repeats with just before
+    ``before``, seen over at least two periods."""
+    for p in range(1, 13):
+        ks = [k for k in range(before - 2 * p, before) if k - p in schedule and k in schedule]
+        if len(ks) >= p and all(schedule[k].shape == schedule[k - p].shape for k in ks):
+            return p
+    return None
+
+
+def _kind(present: dict[int, Collective], by_rank: dict[int, dict[int, Collective]], minority: list[int]) -> str:
+    """``desync`` when the minority issued a collective the others issue at another place of their
+    schedule (it skipped one or added one), ``mismatch`` when it issued the same collective with other
+    sizes or dtypes.
+
+    A training step repeats its collectives; with its period ``p``: the minority issuing what the
+    majority issued one period earlier at the same place is the same collective with other sizes (a
+    ragged last batch: the sizes changed on one side); issuing what comes next in the period is a skip,
+    what came before an extra one. Without a period: desync when the shape is one the majority uses
+    elsewhere, mismatch when it never uses it."""
+    seq = next(iter(present.values())).seq
+    majority = [r for r in present if r not in minority]
+    mine = {present[r].shape for r in minority}
+    if len(mine) == 1 and majority:
+        shape = next(iter(mine))
+        theirs = by_rank[majority[0]]
+        if shape[0] != present[majority[0]].op:
+            return "desync"  # another op at the same place: a different collective
+        p = _period(theirs, seq)
+        if p is not None:
+            if seq - p in theirs and theirs[seq - p].shape == shape:
+                return "mismatch"
+            nearby = [theirs[k].shape for k in (seq + 1 - p, seq - 1) if k in theirs and k != seq - p]
+            if p > 1 and shape in nearby:
+                return "desync"
+    majority_shapes = {c.shape for r, s in by_rank.items() if r not in minority for c in s.values()}
+    return "desync" if all(present[r].shape in majority_shapes for r in minority) else "mismatch"
 
 
 def _missing_from_collective(group: str, records: dict[int, RankRecord]) -> Finding | None:

@@ -443,3 +443,11 @@ def test_a_wrapper_exception_naming_every_rank_names_no_rank():
         for r in range(3))))  # fmt: skip
     assert (d.initiating_rank, d.all_ranks, d.failure_class) == (None, True, "io_error")
     assert d.exception_type == "FileNotFoundError" and "__2_0.distcp" in d.summary
+
+
+def test_schedules_that_disagree_without_a_majority_name_no_rank():
+    records = {r: record(r, ("allreduce", "[[4]]"), ("allreduce", "[[8]]" if r else "[[4]]")) for r in range(2)}
+    d = classify_attempt(attempt(*(rank(r, exit_code=1, exit_time=9.0, exception=exc(TIMEOUT, 9.0),
+                                        flight_record=records[r]) for r in range(2))))  # fmt: skip
+    assert (d.initiating_rank, d.failure_class, d.rule) == (None, "collective_mismatch", "schedules_disagree")
+    assert "rank 0: allreduce sizes [[4]] Float" in d.summary and "rank 1: allreduce sizes [[8]] Float" in d.summary

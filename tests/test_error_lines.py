@@ -222,8 +222,11 @@ def test_the_own_exception_of_a_chain_keeps_its_own_frames():
 def test_tracebacks_quoted_in_a_message_are_the_messages():
     """DCP's CheckpointException quotes each failed rank's traceback: on every rank, the printed
     exception is the wrapper (a symptom here), not rank 2's inner OSError."""
-    quoted = [f"Traceback (most recent call last): (RANK {r})" if i == 0 else line
-              for r in (1, 2) for i, line in enumerate(tb("OSError: [Errno 28] No space left on device"))]
+    quoted = [
+        f"Traceback (most recent call last): (RANK {r})" if i == 0 else line
+        for r in (1, 2)
+        for i, line in enumerate(tb("OSError: [Errno 28] No space left on device"))
+    ]
     lines = [*tb("torch.distributed.checkpoint.api.CheckpointException: CheckpointException ranks:dict_keys([1, 2])"),
              *quoted, "", "rank 0: exiting"]  # fmt: skip
     assert scan_lines(lines, TAX) is None

@@ -60,7 +60,8 @@ def test_a_rank_that_never_entered_the_collective_is_missing():
 def test_no_majority_names_nobody_and_a_missing_dump_is_reported():
     records = {r: parse_record(r, dump(schedule(3) + [entry(4, 7 if r < 2 else 9)], 4, 3)) for r in range(4)}
     cmp = compare(records, [0, 1, 2, 3, 4])
-    assert cmp.finding is None
+    assert cmp.finding is not None and cmp.finding.ranks == ()  # both sides, nobody named
+    assert cmp.finding.seq == 4 and set(cmp.finding.sides) == {0, 1, 2, 3}
     assert cmp.problems == ["no flight-recorder dump from rank(s) 4"]
 
 
@@ -281,3 +282,81 @@ def test_a_straggler_late_at_one_collective_a_step_is_found_and_a_one_off_pause_
     assert [(w["rank"], round(float(w["lag_s"]), 2)) for w in every_step] == [(3, 0.3)]  # type: ignore[arg-type]
     assert straggler_warnings(_fsdp_like({7})) == []  # one checkpoint save is not a straggler
     assert straggler_warnings(_fsdp_like(set(range(0, 20, 4)))) == []  # late in 5 of 20 steps: not consistent
+
+
+def _collective(seq: int, op: str, ins: list, outs: list, dtype: str = "Float") -> dict:
+    """An entry as torch 2.13's gloo records it (measured: the root of a scatter passes the list and the
+    others pass nothing, with no input dtype)."""
+    return {"collective_seq_id": seq, "profiling_name": f"gloo:{op}", "input_sizes": ins, "output_sizes": outs,
+            "input_dtypes": [dtype] * len(ins), "output_dtypes": [dtype] * len(outs), "process_group": ["0", "pg"],
+            "is_p2p": False}  # fmt: skip
+
+
+@pytest.mark.parametrize("op, root, other", [
+    ("scatter", ([[3, 4]], [[4]]), ([], [[4]])),
+    ("gather", ([[4]], [[3, 4]]), ([[4]], [])),
+    ("all_to_all", ([[6]], [[3]]), ([[6]], [[9]])),
+])  # fmt: skip
+def test_collectives_whose_arguments_differ_by_design_are_no_mismatch(op, root, other):
+    records = {
+        r: parse_record(
+            r,
+            dump([_collective(1, "all_reduce", [[4]], [[4]]), _collective(2, op, *(root if r == 0 else other))], 2, 2),
+        )
+        for r in range(3)
+    }
+    assert compare(records, [0, 1, 2]).finding is None
+
+
+def test_a_scatter_whose_output_differs_is_a_mismatch():
+    records = {r: parse_record(r, dump([_collective(1, "scatter", [[3, 4]] if r == 0 else [], [[5 if r == 2 else 4]])],
+                                       1, 0)) for r in range(3)}  # fmt: skip
+    f = compare(records, [0, 1, 2]).finding
+    assert f is not None and (f.kind, f.ranks) == ("mismatch", (2,))
+
+
+def test_the_aborted_receiver_breaks_a_one_against_one_tie():
+    """3 ranks, rank 0 aborted receiving rank 2's bigger all_gather chunk (no record): ranks 1 and 2
+    disagree; the receiver had the smaller side, so rank 2 is the odd one."""
+    records = {r: parse_record(r, dump([_collective(1, "all_gather", [[5 if r == 2 else 4]], [[3, 5 if r == 2 else 4]])],
+                                       1, 1)) for r in (1, 2)}  # fmt: skip
+    assert compare(records, [0, 1, 2]).finding.ranks == ()  # without knowing of the receiver: a tie
+    f = compare(records, [0, 1, 2], receivers=[0]).finding
+    assert f is not None and (f.kind, f.ranks, f.seq) == ("mismatch", (2,), 1)
+    dtype = {r: parse_record(r, dump([_collective(1, "all_reduce", [[4]], [[4]], "Double" if r == 2 else "Float")],
+                                     1, 1)) for r in (0, 2)}  # fmt: skip
+    f = compare(dtype, [0, 1, 2], receivers=[1]).finding
+    assert f is not None and f.ranks == (2,)
+
+
+def test_the_aborted_receiver_is_the_culprit_when_every_record_agrees():
+    records = {r: parse_record(r, dump([_collective(1, "all_gather", [[4]], [[3, 4]])], 1, 1)) for r in (0, 1)}
+    f = compare(records, [0, 1, 2], receivers=[2]).finding
+    assert f is not None and (f.kind, f.ranks) == ("mismatch", (2,))
+    assert "smaller tensor" in f.sides[2]
+
+
+def test_the_one_rank_every_receiver_got_too_much_from():
+    records = {2: parse_record(2, dump([_collective(1, "broadcast", [[5]], [[5]])], 1, 1))}
+    f = compare(records, [0, 1, 2], receivers=[0, 1]).finding
+    assert f is not None and (f.kind, f.ranks) == ("mismatch", (2,))
+    assert compare(records, [0, 1, 2], receivers=[0]).finding is None  # one receiver, one record: who knows
+
+
+def test_a_ragged_last_batch_is_a_mismatch_not_a_desync():
+    """One all_gather a step; the last batch is shorter on one rank: the same collective with other
+    sizes (it used that size every step before), not a skipped or an extra one."""
+    records = {
+        r: parse_record(
+            r,
+            dump(
+                [_collective(s, "all_gather", [[3 if (r == 2 and s == 4) else 4]], [[3, 4]]) for s in range(1, 5)], 4, 3
+            ),
+        )
+        for r in range(3)
+    }
+    f = compare(records, [0, 1, 2]).finding
+    assert f is not None and (f.kind, f.ranks, f.seq) == ("mismatch", (2,), 4)
+    other_op = {r: parse_record(r, dump([_collective(1, "barrier" if r == 1 else "all_reduce", [[1]], [[1]])], 1, 0))
+                for r in range(3)}  # fmt: skip
+    assert compare(other_op).finding.kind == "desync"

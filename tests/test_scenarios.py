@@ -151,19 +151,65 @@ CASES: list[Scenario] = [
     # -- real frameworks, on CPU ------------------------------------------------------------------------
     Scenario("lightning_training_step_error.py", 2, 1, "python_exception", "ValueError", "own_failure_first"),
     Scenario("accelerate_loop_error.py", 3, 2, "python_exception", "IndexError", "own_failure_first"),
-    Scenario("transformers_trainer_dataset_error.py", 2, 1, "python_exception", "KeyError", "own_failure_first",
-             args=(), env={"SCENARIO_OUT": "{tmp}/hf"}),
-    *(Scenario(script, 2, None, "healthy", returncode=0, flags=("--diag-hang-timeout", "3"), check=_healthy_with_steps,
-               env={"SCENARIO_FAIL_RANK": "-1", "SCENARIO_OUT": "{tmp}/hf"})
-      for script in ("lightning_training_step_error.py", "accelerate_loop_error.py",
-                     "transformers_trainer_dataset_error.py")),
+    Scenario(
+        "transformers_trainer_dataset_error.py",
+        2,
+        1,
+        "python_exception",
+        "KeyError",
+        "own_failure_first",
+        args=(),
+        env={"SCENARIO_OUT": "{tmp}/hf"},
+    ),
+    *(
+        Scenario(
+            script,
+            2,
+            None,
+            "healthy",
+            returncode=0,
+            flags=("--diag-hang-timeout", "3"),
+            check=_healthy_with_steps,
+            env={"SCENARIO_FAIL_RANK": "-1", "SCENARIO_OUT": "{tmp}/hf"},
+        )
+        for script in (
+            "lightning_training_step_error.py",
+            "accelerate_loop_error.py",
+            "transformers_trainer_dataset_error.py",
+        )
+    ),
+    # -- collectives called with other sizes or dtypes by one rank (gloo kills the RECEIVER of too much) --
+    Scenario("allgather_ragged_eval.py", 3, 2, "collective_mismatch", None, "schedule_parted"),
+    Scenario("all_gather_into_tensor_bank.py", 3, 2, "collective_mismatch", None, "schedule_parted"),
+    Scenario("allreduce_metric_dtype.py", 3, 2, "collective_mismatch", None, "schedule_parted"),
+    Scenario("reduce_scatter_shard_size.py", 3, 2, "collective_mismatch", None, "schedule_parted"),
+    Scenario("broadcast_vocab_stale.py", 3, 2, "collective_mismatch", None, "schedule_parted"),
+    Scenario("all_to_all_expert_splits.py", 3, 2, "collective_mismatch", "RuntimeError", "own_failure_first"),
+    Scenario("scatter_gather_then_hang.py", 3, 1, "hang", None, "alive_outside_collective"),
     # -- a framework's exception that names the failing rank ---------------------------------------------
-    Scenario("dcp_save_disk_full.py", 3, 2, "io_error", "OSError", "named_in_exception", args=("{tmp}/ckpt",),
-             check=_summary_has("No space left on device")),
-    Scenario("dcp_load_lost_shard.py", 3, 1, "io_error", "FileNotFoundError", "named_in_exception",
-             args=("{tmp}/ckpt",)),
-    Scenario("dcp_load_replicated_missing.py", 3, None, "io_error", "FileNotFoundError", "named_in_exception",
-             all_ranks=True, args=("{tmp}/ckpt",)),
+    Scenario(
+        "dcp_save_disk_full.py",
+        3,
+        2,
+        "io_error",
+        "OSError",
+        "named_in_exception",
+        args=("{tmp}/ckpt",),
+        check=_summary_has("No space left on device"),
+    ),
+    Scenario(
+        "dcp_load_lost_shard.py", 3, 1, "io_error", "FileNotFoundError", "named_in_exception", args=("{tmp}/ckpt",)
+    ),
+    Scenario(
+        "dcp_load_replicated_missing.py",
+        3,
+        None,
+        "io_error",
+        "FileNotFoundError",
+        "named_in_exception",
+        all_ranks=True,
+        args=("{tmp}/ckpt",),
+    ),
     # -- every rank the same way ------------------------------------------------------------------------
     Scenario(
         "import_missing_module.py",
