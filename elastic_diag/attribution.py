@@ -175,6 +175,8 @@ def same_failure_everywhere(ctx: Context) -> Diagnosis | None:
     if len(stories) != 1:
         return None
     first = ctx.own[0]
+    if first.failure_class == "nan_inf":
+        return None  # every rank sees the all-reduced non-finite values: own_failure_first says so, with the remedy
     sig = first.signature
     exc = first.exception
     what = exc.last_line.splitlines()[0] if exc is not None and exc.last_line else (first.lines[0] if first.lines else

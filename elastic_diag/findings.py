@@ -97,6 +97,13 @@ def _judge_exception(exc: ExceptionRecord, taxonomy: Taxonomy) -> tuple[Signatur
     return None
 
 
+def _same_exception(printed: ExceptionRecord | None, recorded: ExceptionRecord | None) -> bool:
+    if printed is None or recorded is None or printed.type.rsplit(".", 1)[-1] != recorded.type.rsplit(".", 1)[-1]:
+        return False
+    first = printed.message.splitlines()[0] if printed.message else ""
+    return recorded.message.startswith(first[:200])
+
+
 def _judge_line(text: str, exc: ExceptionRecord | None, taxonomy: Taxonomy) -> tuple[Signature, str] | None:
     candidates = [(s, text) for s, _m in taxonomy.match_line(text)]
     if exc is not None and (by_type := taxonomy.for_exception(exc.type, exc.mro)) is not None:
@@ -148,6 +155,14 @@ def examine_rank(ev: RankEvidence, taxonomy: Taxonomy, decided_at: float | None 
         if judged is not None:
             own.append((judged[0], judged[1], ev.exception.time, judged[2], False))
     printed = ev.own_error_line()
+    if printed is not None and _same_exception(printed.exception, ev.exception):
+        # the traceback it printed IS the exception its excepthook recorded (logged, then re-raised): the
+        # complete record judges it; the printed line only tells when the failure began
+        if own and printed.time is not None:
+            sig0, line0, _t, exc0, _p = own[0]
+            own[0] = (sig0, line0, min(printed.time, ev.exception.time or printed.time) if ev.exception else
+                      printed.time, exc0, True)  # fmt: skip
+        printed = None
     if printed is not None and before_verdict(printed.time):
         judged_line = _judge_line(printed.text, printed.exception, taxonomy)
         # a native line with no traceback ("terminate called ...") that a symptom among the rank's

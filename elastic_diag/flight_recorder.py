@@ -197,8 +197,10 @@ def compare(
         out.problems.append(f"no flight-recorder dump from rank(s) {_join(absent)}")
     receivers = [r for r in receivers if r not in records]
     if len(records) < 2:
-        if len(records) == 1 and len(receivers) >= 2 and expected is not None and len(receivers) == len(expected) - 1:
-            out.finding = _sender_of_too_much(records, receivers)
+        if len(records) == 1 and receivers and expected is not None and len(receivers) == len(expected) - 1:
+            # every rank but one aborted receiving too much: the one left sent it; with two ranks, one
+            # against one: both sides, nobody named
+            out.finding = _sender_of_too_much(records, receivers, name=len(receivers) >= 2)
         return out
     group_names = sorted({g for rec in records.values() for g in rec.groups})
     ties: list[Finding] = []
@@ -251,8 +253,9 @@ def _receiver_parted(records: dict[int, RankRecord], receiver: int) -> Finding |
                    summary=summary)  # fmt: skip
 
 
-def _sender_of_too_much(records: dict[int, RankRecord], receivers: list[int]) -> Finding | None:
-    """Every rank but one aborted receiving more bytes than it holds: the one left sent them."""
+def _sender_of_too_much(records: dict[int, RankRecord], receivers: list[int], name: bool = True) -> Finding | None:
+    """Every rank but one aborted receiving more bytes than it holds: the one left sent them (``name``:
+    with two ranks, one against one, it is named as a side only)."""
     ((rank, rec),) = records.items()
     for group in sorted(rec.groups):
         if not rec.groups[group]:
@@ -262,8 +265,8 @@ def _sender_of_too_much(records: dict[int, RankRecord], receivers: list[int]) ->
                                         for r in receivers}}  # fmt: skip
         summary = (f"process group {group}, collective #{c.seq} ({c.describe()}): rank(s) {_join(receivers)} aborted "
                    f"receiving more bytes than their tensors hold from it")  # fmt: skip
-        return Finding(kind="mismatch", ranks=(rank,), group=group, seq=c.seq, sides=dict(sorted(sides.items())),
-                       summary=summary)  # fmt: skip
+        return Finding(kind="mismatch", ranks=(rank,) if name else (), group=group, seq=c.seq,
+                       sides=dict(sorted(sides.items())), summary=summary)  # fmt: skip
     return None
 
 

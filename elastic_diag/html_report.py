@@ -415,6 +415,8 @@ def _verdict(report: dict[str, Any]) -> str:
     elif rank is not None:
         node = f" on {_e(d.get('initiating_node'))}" if d.get("initiating_node") else ""
         who = f"Initiating rank {rank}{node}"
+    elif d.get("all_ranks") is True:
+        who = "Every rank failed the same way"
     else:
         who = "No rank could be named"
     exc = f" ({_e(d.get('exception_type'))})" if d.get("exception_type") else ""
@@ -432,6 +434,9 @@ def _verdict(report: dict[str, Any]) -> str:
     if evidence:
         items = "".join(f"<li><code>{_e(line)}</code></li>" for line in evidence[:20])
         rows.append(f"<dt>decisive lines</dt><dd><ul>{items}</ul></dd>")
+    if d.get("rule"):
+        rows.append(f'<dt>decided by</dt><dd><code>{_e(d["rule"])}</code> <span class="muted">(the attribution '
+                    "rules and their order: docs/attribution.md)</span></dd>")  # fmt: skip
     return (
         f'<section class="verdict{" ok" if ok else ""}" id="verdict"><div class="who">{who}: '
         f'<span class="cls">{_e(cls)}</span>{exc}</div><dl>{"".join(rows)}</dl></section>'

@@ -102,6 +102,7 @@ def build_report(
                 "All ranks finished successfully"
                 + (f" after {len(entries) - 1} restart(s)." if len(entries) > 1 else ".")
             ),
+            rule="all_succeeded",
         ).to_json()
     elif launch_diagnosis is not None and (last is None or last["status"] != "failed"):
         diagnosis = launch_diagnosis.to_json()
@@ -156,6 +157,8 @@ def format_summary(report: dict[str, Any], report_path: str, *, paint: Paint | N
         who = "no rank could be named"
         if d["initiating_rank"] is not None:
             who = f"initiating rank {d['initiating_rank']} on {d['initiating_node']}"
+        elif d.get("all_ranks"):
+            who = "every rank failed the same way"
         exc = f" ({d['exception_type']})" if d.get("exception_type") else ""
         lines.append(
             paint("elastic_diag: job FAILED: ", "bold", "red") + paint(f"{who}: {d['failure_class']}{exc}", "bold")
@@ -180,6 +183,8 @@ def format_summary(report: dict[str, Any], report_path: str, *, paint: Paint | N
             lines.append(paint("  fix: ", "bold") + " ".join(str(d["fix"]).split()))
         if d.get("verify"):
             lines.append(paint("  verify: ", "bold") + str(d["verify"]))
+        if d.get("rule"):
+            lines.append(f"  decided by: {d['rule']} (the order of the rules: docs/attribution.md)")
         if n > 1:
             lines.append(f"  attempts: {n} (each has its own verdict in the report)")
             if report["attempts"][-1].get("came_up") is False:

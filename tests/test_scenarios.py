@@ -186,6 +186,27 @@ CASES: list[Scenario] = [
     Scenario("broadcast_vocab_stale.py", 3, 2, "collective_mismatch", None, "schedule_parted"),
     Scenario("all_to_all_expert_splits.py", 3, 2, "collective_mismatch", "RuntimeError", "own_failure_first"),
     Scenario("scatter_gather_then_hang.py", 3, 1, "hang", None, "alive_outside_collective"),
+    Scenario(
+        "two_ranks_gather_mismatch.py",
+        2,
+        None,
+        "collective_mismatch",
+        None,
+        "schedules_disagree",
+        check=_summary_has("no majority"),
+    ),
+    # -- what the peers and the beacon know ------------------------------------------------------------
+    Scenario("monitored_barrier_names_rank.py", 3, 2, "hang", None, "named_by_peers"),
+    Scenario("nan_batch_clip_error.py", 3, 1, "nan_inf", "RuntimeError", "nonfinite_first"),
+    Scenario(
+        "nan_grads_finite_loss.py",
+        3,
+        None,
+        "nan_inf",
+        None,
+        "own_failure_first",
+        check=_summary_has("became non-finite together"),
+    ),
     # -- a framework's exception that names the failing rank ---------------------------------------------
     Scenario(
         "dcp_save_disk_full.py",
