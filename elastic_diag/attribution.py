@@ -327,7 +327,18 @@ def schedule_parted(ctx: Context) -> Diagnosis | None:
     s = ctx.schedule
     if not ctx.failing or s is None or s.kind not in ("desync", "mismatch") or len(s.ranks) != 1:
         return None
-    return _schedule_verdict(ctx, s, s.ranks[0])
+    rank = s.ranks[0]
+    ev = ctx.ev(rank)
+    if s.kind == "mismatch" and ev.flight_record is None:
+        # no record of what it issued (gloo killed it receiving): its own code tells whether it was at the
+        # same call as its peers (other sizes) or at another one (a collective they did not issue)
+        mine = ev.location()
+        theirs = {e.location() for e in ctx.evidence.ranks if e.rank != rank and e.rank in s.sides}
+        if mine is not None and len(theirs) == 1 and None not in theirs and mine not in theirs:
+            sides = {r: (v if r != rank else f"another collective, at {mine} (no record: it aborted receiving more "
+                         "bytes than its tensor holds)") for r, v in s.sides.items()}  # fmt: skip
+            s = replace(s, kind="desync", sides=sides)
+    return _schedule_verdict(ctx, s, rank)
 
 
 def named_by_peers(ctx: Context) -> Diagnosis | None:

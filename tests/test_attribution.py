@@ -451,3 +451,26 @@ def test_schedules_that_disagree_without_a_majority_name_no_rank():
                                         flight_record=records[r]) for r in range(2))))  # fmt: skip
     assert (d.initiating_rank, d.failure_class, d.rule) == (None, "collective_mismatch", "schedules_disagree")
     assert "rank 0: allreduce sizes [[4]] Float" in d.summary and "rank 1: allreduce sizes [[8]] Float" in d.summary
+
+
+def test_the_aborted_receiver_at_another_call_than_its_peers_issued_another_collective():
+    """No record of what the receiver issued; its stack (faulthandler's, in its stderr) was at another
+    line than its agreeing peers': an extra collective, not the same one with other sizes."""
+    rec = {r: record(r, ("all_reduce", "[[6337]]"), ("all_reduce", "[[1]]"), ("all_reduce", "[[6337]]"))
+           for r in (0, 1)}  # fmt: skip
+    aborted = ("Fatal Python error: Aborted", "", "Current thread 0x01 (most recent call first):",
+               '  File "/job/train.py", line 127 in train')  # fmt: skip
+    what = "  what():  [enforce fail at pair.cc:456] op.preamble.length <= op.nbytes. 25348 vs 4"
+    at = 'Traceback (most recent call last):\n  File "/job/train.py", line 117, in train\n' + CLOSED
+    d = classify_attempt(attempt(
+        *(rank(r, exit_code=1, exit_time=3.0, flight_record=rec[r], exception=ExceptionRecord(
+            type="RuntimeError", message=CLOSED.split(": ", 1)[1], traceback=at, time=3.0)) for r in (0, 1)),
+        rank(2, exit_code=-6, exit_time=2.9, stderr_tail=(what, *aborted)),
+    ))  # fmt: skip
+    assert (d.initiating_rank, d.failure_class, d.rule) == (2, "collective_desync", "schedule_parted")
+    same = classify_attempt(attempt(
+        *(rank(r, exit_code=1, exit_time=3.0, flight_record=rec[r], exception=ExceptionRecord(
+            type="RuntimeError", message=CLOSED.split(": ", 1)[1], traceback=at, time=3.0)) for r in (0, 1)),
+        rank(2, exit_code=-6, exit_time=2.9, stderr_tail=(what, *aborted[:-1], '  File "/job/train.py", line 117 in train')),
+    ))  # fmt: skip
+    assert (same.initiating_rank, same.failure_class) == (2, "collective_mismatch")
