@@ -419,10 +419,11 @@ def schedules_disagree(ctx: Context) -> Diagnosis | None:
     mismatch = s.kind == "mismatch"
     sig = ctx.taxonomy.get("collective-mismatch" if mismatch else "collective-schedule-diverged")
     sides = "; ".join(f"rank {r}: {v}" for r, v in sorted(s.sides.items()))
+    what = "the same collective with different sizes or dtypes" if mismatch else "different collectives"
     summary = (
-        f"The ranks issued {'the same collective with different sizes or dtypes' if mismatch else 'different collectives'} "
-        f"at collective #{s.seq} of process group {s.group} ({sides}), and no majority tells which side parted: with "
-        "as many ranks on each side, the evidence cannot name one. Compare the two sides' code at that step."
+        f"The ranks issued {what} at collective #{s.seq} of process group {s.group} ({sides}), and no majority "
+        "tells which side parted: with as many ranks on each side, the evidence cannot name one. Compare the two "
+        "sides' code at that step."
     )
     roles = {r: ("collateral" if f.state == "failed" else "healthy" if f.state == "succeeded" else "stopped")
              for r, f in ctx.findings.items()}  # fmt: skip

@@ -471,6 +471,7 @@ def test_the_aborted_receiver_at_another_call_than_its_peers_issued_another_coll
     same = classify_attempt(attempt(
         *(rank(r, exit_code=1, exit_time=3.0, flight_record=rec[r], exception=ExceptionRecord(
             type="RuntimeError", message=CLOSED.split(": ", 1)[1], traceback=at, time=3.0)) for r in (0, 1)),
-        rank(2, exit_code=-6, exit_time=2.9, stderr_tail=(what, *aborted[:-1], '  File "/job/train.py", line 117 in train')),
+        rank(2, exit_code=-6, exit_time=2.9,
+             stderr_tail=(what, *aborted[:-1], '  File "/job/train.py", line 117 in train')),
     ))  # fmt: skip
     assert (same.initiating_rank, same.failure_class) == (2, "collective_mismatch")

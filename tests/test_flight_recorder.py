@@ -318,8 +318,8 @@ def test_a_scatter_whose_output_differs_is_a_mismatch():
 def test_the_aborted_receiver_breaks_a_one_against_one_tie():
     """3 ranks, rank 0 aborted receiving rank 2's bigger all_gather chunk (no record): ranks 1 and 2
     disagree; the receiver had the smaller side, so rank 2 is the odd one."""
-    records = {r: parse_record(r, dump([_collective(1, "all_gather", [[5 if r == 2 else 4]], [[3, 5 if r == 2 else 4]])],
-                                       1, 1)) for r in (1, 2)}  # fmt: skip
+    n = {1: 4, 2: 5}
+    records = {r: parse_record(r, dump([_collective(1, "all_gather", [[n[r]]], [[3, n[r]]])], 1, 1)) for r in (1, 2)}
     assert compare(records, [0, 1, 2]).finding.ranks == ()  # without knowing of the receiver: a tie
     f = compare(records, [0, 1, 2], receivers=[0]).finding
     assert f is not None and (f.kind, f.ranks, f.seq) == ("mismatch", (2,), 1)

@@ -1,6 +1,6 @@
 """DDP with gradient clipping that refuses non-finite gradients (error_if_nonfinite=True). Rank 1's
-batch at step 3 holds an inf (a corrupt sample): its loss goes non-finite (the beacon sees it backpropagated), the all-reduced
-gradients carry it to every rank, and every rank raises the same clip error."""
+batch at step 3 holds an inf (a corrupt sample): its loss goes non-finite, the all-reduced gradients
+carry it to every rank, and every rank raises the same clip error."""
 
 from datetime import timedelta
 

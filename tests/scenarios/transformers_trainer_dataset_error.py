@@ -27,9 +27,10 @@ class TokenDataset(torch.utils.data.Dataset):
 def main() -> None:
     config = GPT2Config(vocab_size=64, n_positions=32, n_embd=32, n_layer=2, n_head=2)
     model = GPT2LMHeadModel(config)
-    args = TrainingArguments(output_dir=os.environ.get("SCENARIO_OUT", "/tmp/hf-scenario"), per_device_train_batch_size=4,
-                             max_steps=int(os.environ.get("SCENARIO_STEPS", "12")), logging_steps=4, save_strategy="no",
-                             report_to=[], use_cpu=True, dataloader_num_workers=0, disable_tqdm=True)  # fmt: skip
+    args = TrainingArguments(output_dir=os.environ.get("SCENARIO_OUT", "/tmp/hf-scenario"),
+                             per_device_train_batch_size=4, max_steps=int(os.environ.get("SCENARIO_STEPS", "12")),
+                             logging_steps=4, save_strategy="no", report_to=[], use_cpu=True,
+                             dataloader_num_workers=0, disable_tqdm=True)  # fmt: skip
     Trainer(model=model, args=args, train_dataset=TokenDataset(400)).train()
 
 
