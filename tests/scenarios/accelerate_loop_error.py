@@ -1,4 +1,4 @@
-"""A plain training loop with HF accelerate (Accelerator(cpu=True)) launched by torchrun; rank 2's
+"""A plain training loop with HF accelerate (Accelerator(cpu=True)) launched by torchrun; rank 1's
 batch at step 3 is longer than the model's position table, so its embedding lookup fails."""
 
 import os
@@ -7,7 +7,7 @@ import torch
 from accelerate import Accelerator
 from torch.utils.data import DataLoader, TensorDataset
 
-FAIL_RANK = int(os.environ.get("SCENARIO_FAIL_RANK", "2"))
+FAIL_RANK = int(os.environ.get("SCENARIO_FAIL_RANK", "1"))
 
 
 class TinyLM(torch.nn.Module):

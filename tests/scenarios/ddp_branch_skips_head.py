@@ -1,4 +1,4 @@
-"""A model with an auxiliary head used only when the batch has auxiliary labels; rank 2's batch at
+"""A model with an auxiliary head used only when the batch has auxiliary labels; rank 1's batch at
 step 3 has none, so its forward skips the head (DDP, find_unused_parameters=False)."""
 
 from datetime import timedelta
@@ -28,7 +28,7 @@ def main() -> None:
     model = DDP(Net())
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     for step in range(10):
-        has_aux = not (rank == 2 and step == 3)
+        has_aux = not (rank == 1 and step == 3)
         loss = model(torch.randn(4, 8), has_aux).mean()
         opt.zero_grad()
         loss.backward()

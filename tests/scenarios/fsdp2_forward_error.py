@@ -1,4 +1,4 @@
-"""FSDP2 (fully_shard) on CPU gloo; rank 2's batch carries a mask of the wrong length, so its
+"""FSDP2 (fully_shard) on CPU gloo; rank 1's batch carries a mask of the wrong length, so its
 attention-like block fails in the forward, between FSDP's all-gathers."""
 
 from datetime import timedelta
@@ -38,7 +38,7 @@ def main() -> None:
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     for step in range(8):
         x = torch.randn(4, 10, 32)
-        mask = torch.ones(4, 12 if rank == 2 and step == 3 else 10)
+        mask = torch.ones(4, 12 if rank == 1 and step == 3 else 10)
         loss = model(x, mask)
         loss.backward()
         opt.step()

@@ -1,4 +1,4 @@
-"""A prefetch thread fills a queue of batches; on rank 2 it dies on a corrupt shard and the main
+"""A prefetch thread fills a queue of batches; on rank 1 it dies on a corrupt shard and the main
 thread waits for a batch that never comes, while the other ranks wait in the next all-reduce."""
 
 import queue
@@ -12,7 +12,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 def prefetch(rank: int, out: "queue.Queue[torch.Tensor]") -> None:
     for i in range(100):
-        if rank == 2 and i == 5:
+        if rank == 1 and i == 5:
             raise ValueError(f"corrupt shard shard-{rank:03d}.bin at record {i}: bad magic")
         out.put(torch.randn(16, 8))
 

@@ -1,4 +1,4 @@
-"""Rank 2 pads its batch to the longest sequence it has seen; one sequence length is garbage, so the
+"""Rank 1 pads its batch to the longest sequence it has seen; one sequence length is garbage, so the
 CPU allocator is asked for 16 TiB."""
 
 from datetime import timedelta
@@ -9,7 +9,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 
 def pad(rank: int, step: int) -> torch.Tensor:
-    longest = (1 << 42) if rank == 2 and step == 4 else 16
+    longest = (1 << 42) if rank == 1 and step == 4 else 16
     return torch.zeros(longest, 4)
 
 
