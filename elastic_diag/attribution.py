@@ -332,9 +332,14 @@ def schedule_parted(ctx: Context) -> Diagnosis | None:
     if s.kind == "mismatch" and ev.flight_record is None:
         # no record of what it issued (gloo killed it receiving): its own code tells whether it was at the
         # same call as its peers (other sizes) or at another one (a collective they did not issue)
+        # (only when that collective is the peers' last one: they failed in it, so their code is at its call;
+        # gloo counts a failed collective as completed, so the last one entered tells, not pg_status)
+        peers = [e for e in ctx.evidence.ranks if e.rank != rank and e.rank in s.sides]
+        waiting = all(e.flight_record is not None and max(e.flight_record.groups.get(s.group) or [0]) == s.seq
+                      for e in peers)  # fmt: skip
         mine = ev.location()
-        theirs = {e.location() for e in ctx.evidence.ranks if e.rank != rank and e.rank in s.sides}
-        if mine is not None and len(theirs) == 1 and None not in theirs and mine not in theirs:
+        theirs = {e.location() for e in peers}
+        if waiting and mine is not None and len(theirs) == 1 and None not in theirs and mine not in theirs:
             sides = {r: (v if r != rank else f"another collective, at {mine} (no record: it aborted receiving more "
                          "bytes than its tensor holds)") for r, v in s.sides.items()}  # fmt: skip
             s = replace(s, kind="desync", sides=sides)
@@ -447,6 +452,11 @@ def no_rank_named(ctx: Context) -> Diagnosis:
     collateral_ranks = sorted(r for r, role in roles.items() if role == "collateral")
     failed = [f for f in ctx.findings.values() if f.state == "failed"]
     lead = ctx.symptoms[0] if ctx.symptoms else (failed[0] if failed else None)
+    # ranks that waited until their collective timed out come first: the resets and closed connections
+    # of the others follow from the exits of the ranks that timed out
+    timed_out = [f for f in ctx.symptoms if f.failure_class == "collective_timeout"]
+    if timed_out:
+        lead = timed_out[0]
     no_sig = lead.signature if lead else None
     cls = no_sig.failure_class if no_sig else "unknown"
     if cls not in ("collective_timeout", "network_error"):

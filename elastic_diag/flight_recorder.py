@@ -224,15 +224,20 @@ def compare(
 
 
 def _last_common(records: dict[int, RankRecord]) -> tuple[str, Collective] | None:
-    """The last collective of the first group every record holds, when all agree on it."""
+    """The last collective that carries data (not a barrier) of the first group every record holds,
+    when all agree on it: the one a receiver of too much data can have died in."""
     for group in sorted({g for rec in records.values() for g in rec.groups}):
         tops = {r: max(rec.groups[group]) for r, rec in records.items() if rec.groups.get(group)}
         if len(tops) != len(records) or len(set(tops.values())) != 1:
             continue
-        seq = next(iter(tops.values()))
-        shapes = {rec.groups[group][seq].shape for rec in records.values()}
-        if len(shapes) == 1:
-            return group, next(iter(records.values())).groups[group][seq]
+        first = next(iter(records.values())).groups[group]
+        for seq in sorted((q for q in first if q <= next(iter(tops.values()))), reverse=True)[:3]:
+            if first[seq].op == "barrier":
+                continue
+            shapes = {rec.groups[group].get(seq, first[seq]).shape for rec in records.values()}
+            if len(shapes) == 1 and all(seq in rec.groups[group] for rec in records.values()):
+                return group, first[seq]
+            break
     return None
 
 
@@ -365,7 +370,7 @@ def _missing_from_collective(group: str, records: dict[int, RankRecord]) -> Find
     if not behind or len(behind) * 2 >= len(last):
         return None
     ahead = [r for r in last if r not in behind]
-    pending = [r for r in ahead if _pending(records[r], group, top)]
+    pending = [r for r in ahead if is_pending(records[r], group, top)]
     if not pending:
         return None
     op = next(records[r].groups[group][top] for r in ahead).describe()
@@ -377,7 +382,7 @@ def _missing_from_collective(group: str, records: dict[int, RankRecord]) -> Find
     return Finding(kind="missing", ranks=tuple(behind), group=group, seq=top, sides=sides, summary=summary)
 
 
-def _pending(rec: RankRecord, group: str, seq: int) -> bool:
+def is_pending(rec: RankRecord, group: str, seq: int) -> bool:
     """Entered ``seq`` and not completed it (from pg_status when the group's id is known)."""
     if not rec.status:
         return True
