@@ -407,6 +407,7 @@ class AttemptCapture:
                 )
             )
         problems.extend(self.tailer.problems)
+        problems.extend(evidence_gaps(ranks, self.tailer))
         self.problems = [*self.missing_evidence, *problems]
         return AttemptEvidence(
             attempt=self.attempt.attempt,
@@ -751,6 +752,23 @@ class DiagAgent(LocalElasticAgent):
         evidence = evidence_from_failures(restart_count, result.failures, worker_group, self._node)
         self._session.note(f"attempt {restart_count}: verdict from exit codes only (no evidence folder)")
         self._session.record_attempt(evidence, classify_attempt(evidence), status="failed", final=True)
+
+
+def evidence_gaps(ranks: list[RankEvidence], tailer: StreamTailer) -> list[str]:
+    """What could not be recorded about the ranks, said in the report (nothing is silently lost)."""
+    gaps: list[str] = []
+    for ev in ranks:
+        if ev.exception is not None:
+            gaps.extend(f"rank {ev.rank}: its exception record: {p}" for p in ev.exception.problems)
+        printed = ev.error_line.exception if ev.error_line is not None else None
+        if ev.failed and not ev.stopped_by_agent and ev.exception is None and printed is not None:
+            gaps.append(f"rank {ev.rank}: no exception record although it printed {printed.type} (the script "
+                        "replaced sys.excepthook, or printed the error and exited): read from its output")  # fmt: skip
+        skipped = tailer.skipped_bytes(ev.local_rank)
+        if skipped:
+            gaps.append(f"rank {ev.rank}: {skipped} bytes of its output went unread for errors (it printed faster "
+                        "than the line clock reads); the end of each stream was read")  # fmt: skip
+    return gaps
 
 
 def _completed_a_collective(progress: dict[str, Any]) -> bool:

@@ -57,7 +57,12 @@ def rank_entry(ev: RankEvidence, role: str) -> dict[str, Any]:
         "steps": ev.steps,
         "location": ev.location(),
         "exception": (
-            {"type": ev.exception.type, "message": ev.exception.message, "time": ev.exception.time}
+            {
+                "type": ev.exception.type,
+                "message": ev.exception.message,
+                "time": ev.exception.time,
+                **({"problems": list(ev.exception.problems)} if ev.exception.problems else {}),
+            }
             if ev.exception
             else None
         ),

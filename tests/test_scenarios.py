@@ -72,6 +72,15 @@ def _failure_began_when_logged(report: dict[str, Any]) -> None:
     assert culprit["first_error_time"] < culprit["exception"]["time"] - 10, culprit
 
 
+def _notes_say(*words: str) -> Callable[[dict[str, Any]], None]:
+    def check(report: dict[str, Any]) -> None:
+        notes = " ".join(report["notes"])
+        for w in words:
+            assert w in notes, (w, report["notes"])
+
+    return check
+
+
 def _lost_stderr_kept(report: dict[str, Any]) -> None:
     culprit = next(r for r in report["ranks"] if r["rank"] == 1)
     assert any("batch = collate(samp" in line for line in culprit["last_lines"]), culprit["last_lines"]
@@ -133,6 +142,7 @@ CASES: list[Scenario] = [
              check=_summary_has("no majority")),
     # -- what the peers and the beacon know ------------------------------------------------------------
     Scenario("monitored_barrier_names_rank.py", 3, 2, "hang", None, "named_by_peers"),
+    Scenario("watch_timeout_eval.py", 3, 2, "hang", None, "hang_alarm"),
     Scenario("nan_batch_clip_error.py", 3, 1, "nan_inf", "RuntimeError", "nonfinite_first"),
     Scenario("nan_grads_finite_loss.py", 2, None, "nan_inf", None, "own_failure_first",
              check=_summary_has("became non-finite together")),
@@ -152,11 +162,14 @@ CASES: list[Scenario] = [
     Scenario("shape_bug_everywhere.py", 2, None, "python_exception", "RuntimeError", "same_failure_everywhere",
              all_ranks=True),
     # -- bad input: evidence that resists ----------------------------------------------------------------
-    Scenario("unprintable_exception.py", 2, 1, "python_exception", "TokenizerError", "own_failure_first"),
-    Scenario("huge_message.py", 2, 1, "python_exception", "ValueError", "own_failure_first"),
+    Scenario("unprintable_exception.py", 2, 1, "python_exception", "TokenizerError", "own_failure_first",
+             check=_notes_say("rank 1: its exception record: str() raised AttributeError")),
+    Scenario("huge_message.py", 2, 1, "python_exception", "ValueError", "own_failure_first",
+             check=_notes_say("rank 1: its exception record: message of")),
     Scenario("interleaved_tracebacks.py", 2, 1, "python_exception", "KeyError", "own_failure_first"),
     Scenario("sigkill_mid_traceback.py", 2, 1, "killed", None, "own_failure_first", check=_lost_stderr_kept),
-    Scenario("user_excepthook_raises.py", 2, 1, "python_exception", "IndexError", "own_failure_first"),
+    Scenario("user_excepthook_raises.py", 2, 1, "python_exception", "IndexError", "own_failure_first",
+             check=_notes_say("rank 1: no exception record although it printed IndexError")),
 ]
 # fmt: on
 
