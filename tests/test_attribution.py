@@ -354,17 +354,8 @@ def test_missing_from_collective():
     assert (d.initiating_rank, d.rule) == (2, "missing_from_collective")
 
 
-# --- named_by_peers, hang_alarm, alive_outside_collective, odd_location, the last resorts ----------------
-
-
-def test_named_by_peers():
-    line = "RuntimeError: [Rank 0]: Rank 2 failed to pass monitoredBarrier in 2000 ms"
-    d = classify_attempt(attempt(
-        rank(0, exit_code=1, exit_time=5.0, exception=exc(line, 5.0)),
-        rank(1, exit_code=-15, alive_at_decision=True, stopped_by_agent=True),
-        rank(2, exit_code=-15, alive_at_decision=True, stopped_by_agent=True),
-    ))  # fmt: skip
-    assert (d.failure_class, d.initiating_rank, d.rule) == ("hang", 2, "named_by_peers")
+# --- named_by_peers (tests/test_classify.py: monitoredBarrier, NCCL's desync report), hang_alarm,
+# alive_outside_collective, odd_location, the last resorts ----------------
 
 
 def test_hang_alarm_names_the_watched_rank():

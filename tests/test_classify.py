@@ -173,6 +173,7 @@ def test_monitored_barrier_names_the_missing_rank():
         rank(2, exit_code=-15, alive_at_decision=True, stopped_by_agent=True),
     ))  # fmt: skip
     assert (d.failure_class, d.initiating_rank) == ("hang", 2)
+    assert d.rule == "named_by_peers"
 
 
 def test_rank_lists_in_summaries_are_ranges() -> None:
