@@ -457,11 +457,23 @@ def no_rank_named(ctx: Context) -> Diagnosis:
     timed_out = [f for f in ctx.symptoms if f.failure_class == "collective_timeout"]
     if timed_out:
         lead = timed_out[0]
+    # a rank that gloo killed for receiving more than its tensor holds proves a mismatch, whoever sent it
+    # (send/recv leave no flight record to compare)
+    received = [f for f in ctx.symptoms if f.failure_class == "collective_mismatch"]
+    if received:
+        lead = received[0]
     no_sig = lead.signature if lead else None
     cls = no_sig.failure_class if no_sig else "unknown"
-    if cls not in ("collective_timeout", "network_error"):
+    if cls not in ("collective_timeout", "network_error", "collective_mismatch"):
         cls = "collective_timeout" if ctx.symptoms else "unknown"
-    if collateral_ranks:
+    if received:
+        summary = (
+            f"{ranks_phrase([f.rank for f in received])} {were([f.rank for f in received])} killed by gloo for "
+            "receiving more bytes than {its} tensor holds: the ranks passed different sizes or dtypes to the same "
+            "send/recv or collective, but no flight record of that operation tells which side differed (gloo "
+            "records no point-to-point operation), so no rank can be named."
+        ).replace("{its}", "its" if len(received) == 1 else "their")
+    elif collateral_ranks:
         summary = (
             f"{ranks_phrase(collateral_ranks)} failed waiting for a peer, but the evidence names no "
             "rank that failed first (no rank failed differently, and none was seen alive outside a "

@@ -36,6 +36,7 @@ _CHAINED = ("During handling of the above exception", "The above exception was t
 _THREAD = re.compile(r"^Exception in thread (?P<name>.+?)(?: \(\w+\))?:$")
 _EXC_LINE = re.compile(r"^(?P<type>[A-Za-z_][\w.]*)(?:: (?P<msg>.*))?$")
 _FRAME_LINE = re.compile(r"^\s")
+_ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 MAX_TRACEBACK_LINES = 2000
 MAX_MESSAGE_LINES = 1500  # DCP quotes every failed rank's traceback in its message
 MAX_LINE = 4000
@@ -116,10 +117,14 @@ class ErrorScanner:
         self.lines += 1
         if self._found is not None:
             return
+        if "\x1b" in raw:
+            raw = _ANSI.sub("", raw)  # colour codes (FORCE_COLOR, a coloured logger)
         parsed = parse_line(raw[:MAX_LINE])
         text = parsed.text.rstrip()
         if parsed.rank is not None and text.startswith(" "):
             text = text[1:]  # torch writes "[rank1]: Traceback ...": one space after the prefix
+        if (at := text.find(TRACEBACK)) > 0 and not text[:at].isspace():
+            text = text[at:]  # a progress bar's last frame, with no newline, before the traceback
         logged = _plausible(parsed.time, arrival)
         block = self._block
         if block is not None:

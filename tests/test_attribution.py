@@ -466,3 +466,11 @@ def test_the_aborted_receiver_at_another_call_than_its_peers_issued_another_coll
              stderr_tail=(what, *aborted[:-1], '  File "/job/train.py", line 117 in train')),
     ))  # fmt: skip
     assert (same.initiating_rank, same.failure_class) == (2, "collective_mismatch")
+
+
+def test_a_receiver_of_too_much_with_nothing_to_compare_is_a_mismatch_nobody_is_named_for():
+    """send/recv leave no flight record on gloo: the receiver's abort proves a mismatch, not who sent it."""
+    what = "  what():  [enforce fail at pair.cc:456] op.preamble.length <= op.nbytes. 20 vs 16"
+    d = classify_attempt(attempt(rank(0, exit_code=-6, exit_time=2.0, stderr_tail=(what,)),
+                                 rank(1, exit_code=1, exit_time=2.1, exception=exc(CLOSED, 2.05))))  # fmt: skip
+    assert (d.initiating_rank, d.failure_class, d.rule) == (None, "collective_mismatch", "no_rank_named")

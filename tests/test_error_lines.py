@@ -232,3 +232,12 @@ def test_tracebacks_quoted_in_a_message_are_the_messages():
     lines = [*tb("torch.distributed.checkpoint.api.CheckpointException: CheckpointException ranks:dict_keys([1, 2])"),
              *quoted, "", "rank 0: exiting"]  # fmt: skip
     assert scan_lines(lines, TAX) is None
+
+
+def test_a_progress_bar_and_colours_do_not_hide_the_traceback():
+    bar = "Epoch 1:  45%|████▌     | 45/100 [00:02<00:00, 20.1it/s]"
+    lines = [bar, f"{bar}Traceback (most recent call last):", '  File "/job/train.py", line 9, in step',
+             "\x1b[31mValueError\x1b[0m: \x1b[1mbad batch\x1b[0m"]  # fmt: skip
+    found = scan_lines(lines, TAX)
+    assert found is not None and found.exception is not None
+    assert (found.exception.type, found.exception.message) == ("ValueError", "bad batch")

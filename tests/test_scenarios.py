@@ -107,6 +107,8 @@ CASES: list[Scenario] = [
     Scenario("logging_exception_slow_save.py", 2, 1, "python_exception", "ValueError", "own_failure_first",
              check=_failure_began_when_logged),
     Scenario("print_exc_finally_flush.py", 2, 1, "python_exception", "KeyError", "own_failure_first"),
+    Scenario("tqdm_bar_logged_cleanup.py", 2, 1, "python_exception", "RuntimeError", "own_failure_first",
+             check=_failure_began_when_logged),
     Scenario("finally_barrier.py", 3, 2, "python_exception", "RuntimeError", "own_failure_first"),
     # -- host memory ----------------------------------------------------------------------------------
     Scenario("numpy_memory_error.py", 2, 1, "host_oom", "numpy._core._exceptions._ArrayMemoryError"),
@@ -140,6 +142,8 @@ CASES: list[Scenario] = [
     Scenario("scatter_gather_then_hang.py", 3, 1, "hang", None, "alive_outside_collective"),
     Scenario("two_ranks_gather_mismatch.py", 2, None, "collective_mismatch", None, "schedules_disagree",
              check=_summary_has("no majority")),
+    Scenario("pipeline_send_shape.py", 2, None, "collective_mismatch", None, "no_rank_named",
+             check=_summary_has("killed by gloo for receiving more bytes")),
     # -- what the peers and the beacon know ------------------------------------------------------------
     Scenario("monitored_barrier_names_rank.py", 3, 2, "hang", None, "named_by_peers"),
     Scenario("watch_timeout_eval.py", 3, 2, "hang", None, "hang_alarm"),
