@@ -474,3 +474,9 @@ def test_a_receiver_of_too_much_with_nothing_to_compare_is_a_mismatch_nobody_is_
     d = classify_attempt(attempt(rank(0, exit_code=-6, exit_time=2.0, stderr_tail=(what,)),
                                  rank(1, exit_code=1, exit_time=2.1, exception=exc(CLOSED, 2.05))))  # fmt: skip
     assert (d.initiating_rank, d.failure_class, d.rule) == (None, "collective_mismatch", "no_rank_named")
+
+
+@pytest.mark.parametrize("code", [-1, -10, -12, -14, -24, -25])  # SIGHUP, SIGUSR1, SIGUSR2, SIGALRM, SIGXCPU, SIGXFSZ
+def test_a_rank_ended_by_a_signal_from_outside_is_killed(code):
+    d = classify_attempt(attempt(waiting(0, 5.0), rank(1, exit_code=code, exit_time=4.0)))
+    assert (d.initiating_rank, d.failure_class) == (1, "killed"), d
