@@ -21,6 +21,7 @@ order of strength:
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from elastic_diag.evidence import ExceptionRecord, RankEvidence
@@ -97,6 +98,58 @@ def _judge_exception(exc: ExceptionRecord, taxonomy: Taxonomy) -> tuple[Signatur
     return None
 
 
+@dataclass(frozen=True, slots=True)
+class _Own:
+    """One piece of evidence that the rank failed on its own."""
+
+    signature: Signature
+    line: str
+    time: float | None
+    exception: ExceptionRecord | None
+    printed: bool  # known from what the rank printed (or a thread's record), not its excepthook
+
+
+def _own_evidence(
+    ev: RankEvidence,
+    taxonomy: Taxonomy,
+    candidates: list[tuple[Signature, str]],
+    before_verdict: Callable[[float | None], bool],
+    failed: bool,
+) -> list[_Own]:
+    """The rank's own failure, strongest evidence first: its uncaught exception (or the cause in its
+    chain), the first error it printed, a thread's uncaught exception."""
+    own: list[_Own] = []
+    if failed and ev.exception is not None:
+        judged = _judge_exception(ev.exception, taxonomy)
+        if judged is not None:
+            own.append(_Own(judged[0], judged[1], ev.exception.time, judged[2], False))
+    printed = ev.own_error_line()
+    if printed is not None and _same_exception(printed.exception, ev.exception):
+        # the traceback it printed IS the exception its excepthook recorded (logged, then re-raised): the
+        # complete record judges it; the printed line only tells when the failure began
+        if own and printed.time is not None:
+            hook = own[0]
+            own[0] = _Own(hook.signature, hook.line, min(printed.time, hook.time or printed.time), hook.exception,
+                          True)  # fmt: skip
+        printed = None
+    if printed is not None and before_verdict(printed.time):
+        judged_line = _judge_line(printed.text, printed.exception, taxonomy)
+        # a native line with no traceback ("terminate called ...") that a symptom among the rank's
+        # lines outranks (gloo's what(): of a receiver of mismatched data) is that symptom's consequence
+        symptom = _best([c for c in candidates if c[0].role_hint == "collateral"])
+        if judged_line is not None and (
+            printed.exception is not None or symptom is None or symptom[0].priority < judged_line[0].priority
+        ):
+            own.append(_Own(judged_line[0], printed.text, printed.time, printed.exception, True))
+    thread = ev.own_thread_exception()
+    if thread is not None and before_verdict(thread.time):
+        judged = _judge_exception(thread, taxonomy)
+        if judged is not None:
+            line = f"{judged[1]} (in thread {thread.thread})" if thread.thread else judged[1]
+            own.append(_Own(judged[0], line, thread.time, judged[2], True))
+    return own
+
+
 def _same_exception(printed: ExceptionRecord | None, recorded: ExceptionRecord | None) -> bool:
     if printed is None or recorded is None or printed.type.rsplit(".", 1)[-1] != recorded.type.rsplit(".", 1)[-1]:
         return False
@@ -148,37 +201,7 @@ def examine_rank(ev: RankEvidence, taxonomy: Taxonomy, decided_at: float | None 
                 peers = groups.get(key)
                 if peers:
                     named.extend((int(p), sig, line.strip()) for p in peers.replace(" ", "").split(",") if p.isdigit())
-    # the rank's own failure, strongest evidence first: (signature, line, time, exception, printed)
-    own: list[tuple[Signature, str, float | None, ExceptionRecord | None, bool]] = []
-    if state == "failed" and ev.exception is not None:
-        judged = _judge_exception(ev.exception, taxonomy)
-        if judged is not None:
-            own.append((judged[0], judged[1], ev.exception.time, judged[2], False))
-    printed = ev.own_error_line()
-    if printed is not None and _same_exception(printed.exception, ev.exception):
-        # the traceback it printed IS the exception its excepthook recorded (logged, then re-raised): the
-        # complete record judges it; the printed line only tells when the failure began
-        if own and printed.time is not None:
-            sig0, line0, _t, exc0, _p = own[0]
-            own[0] = (sig0, line0, min(printed.time, ev.exception.time or printed.time) if ev.exception else
-                      printed.time, exc0, True)  # fmt: skip
-        printed = None
-    if printed is not None and before_verdict(printed.time):
-        judged_line = _judge_line(printed.text, printed.exception, taxonomy)
-        # a native line with no traceback ("terminate called ...") that a symptom among the rank's
-        # lines outranks (gloo's what(): of a receiver of mismatched data) is that symptom's consequence
-        symptom = _best([c for c in candidates if c[0].role_hint == "collateral"])
-        if judged_line is not None and (
-            printed.exception is not None or symptom is None or symptom[0].priority < judged_line[0].priority
-        ):
-            own.append((judged_line[0], printed.text, printed.time, printed.exception, True))
-    thread = ev.own_thread_exception()
-    if thread is not None and before_verdict(thread.time):
-        judged = _judge_exception(thread, taxonomy)
-        if judged is not None:
-            line = f"{judged[1]} (in thread {thread.thread})" if thread.thread else judged[1]
-            own.append((judged[0], line, thread.time, judged[2], True))
-
+    own = _own_evidence(ev, taxonomy, candidates, before_verdict, state == "failed")
     if state == "failed":
         if ev.exception is not None:
             by_exception = taxonomy.for_exception(ev.exception.type, ev.exception.mro)
@@ -196,14 +219,16 @@ def examine_rank(ev: RankEvidence, taxonomy: Taxonomy, decided_at: float | None 
 
     if own:
         # the most specific signature among the own evidence; the time its failure began
-        sig, line, _t, exc, _printed = max(own, key=lambda o: o[0].priority)
-        if exc is None:
-            exc = next((o[3] for o in own if o[3] is not None), None)
-        timed = [o for o in own if o[2] is not None]
-        earliest = min(timed, key=lambda o: o[2] or 0.0) if timed else None
-        own_times = [o[2] for o in timed if o[2] is not None]
+        strongest = max(own, key=lambda o: o.signature.priority)
+        sig, line = strongest.signature, strongest.line
+        exc = strongest.exception or next((o.exception for o in own if o.exception is not None), None)
+        timed = [o for o in own if o.time is not None]
+        earliest = min(timed, key=lambda o: o.time or 0.0) if timed else None
+        own_times = [o.time for o in timed if o.time is not None]
         if state == "failed" and ev.exit_time is not None:
             own_times.append(ev.exit_time)
+        hook_time = ev.exception.time if ev.exception is not None and ev.exception.time is not None else float("inf")
+        printed_first = earliest is not None and earliest.printed and (earliest.time or 0.0) < hook_time
         # a better signature for the same failure among its other lines (a CUDA error's text in its
         # stderr, a kernel OOM line): never a symptom
         specific = _best([c for c in candidates if c[0].role_hint != "collateral" and c[0].priority > sig.priority])
@@ -217,9 +242,7 @@ def examine_rank(ev: RankEvidence, taxonomy: Taxonomy, decided_at: float | None 
             rank=ev.rank, state=state, signature=sig, failure_class=sig.failure_class,
             hint="initiating" if sig.role_hint == "either" else sig.role_hint, lines=tuple(lines),
             time=min(own_times) if own_times else ev.first_error_time, in_collective=in_coll,
-            named=tuple(named), own=True, exception=exc,
-            printed=earliest is not None and earliest[4] and (ev.exception is None or (earliest[2] or 0.0) < (
-                ev.exception.time or float("inf"))),
+            named=tuple(named), own=True, exception=exc, printed=printed_first,
         )  # fmt: skip
 
     best = _best(candidates)
