@@ -25,7 +25,14 @@ from pathlib import Path
 from typing import Any
 
 from elastic_diag.classify import Diagnosis, classify_attempt, format_ranks
-from elastic_diag.evidence import AttemptEvidence, ExceptionRecord, RankEvidence, parse_stack_dump, signal_name
+from elastic_diag.evidence import (
+    AttemptEvidence,
+    ExceptionRecord,
+    RankEvidence,
+    exception_from_json,
+    parse_stack_dump,
+    signal_name,
+)
 from elastic_diag.flight_recorder import RankRecord, load_dump, parse_record
 from elastic_diag.logs import (
     SummaryFailure,
@@ -584,11 +591,8 @@ class Analyzer:
         if rank is None or not isinstance(data, dict):
             return
         log = self.rank(rank)
-        if "type" in data:  # elastic_diag's exception.json
-            t = data.get("time")
-            log.exception = ExceptionRecord(type=str(data["type"]), message=str(data.get("message", "")),
-                                            traceback=str(data.get("traceback", ""))[:100_000],
-                                            time=float(t) if isinstance(t, int | float) else None)  # fmt: skip
+        if "type" in data:  # elastic_diag's exception.json: the same reader as the live capture's
+            log.exception = exception_from_json(data)
             return
         msg = data.get("message")
         if isinstance(msg, dict) and isinstance(msg.get("message"), str):

@@ -37,7 +37,7 @@ from torch.distributed.elastic.multiprocessing.api import LogsDest, LogsSpecs, S
 
 from elastic_diag import beacon, bootstrap
 from elastic_diag.error_lines import error_line_from_json
-from elastic_diag.evidence import ErrorLine, ExceptionRecord
+from elastic_diag.evidence import ErrorLine, ExceptionRecord, exception_from_json
 from elastic_diag.flight_recorder import RankRecord, load_dump, parse_record
 from elastic_diag.tailer import FIRST_ERROR_FILE
 
@@ -220,28 +220,6 @@ def read_json(path: Path) -> dict[str, Any] | None:
     except (OSError, ValueError):
         return None
     return data if isinstance(data, dict) else None
-
-
-def exception_from_json(data: dict[str, Any] | None) -> ExceptionRecord | None:
-    """exception.json / thread_exception.json (the bootstrap's records) as an ExceptionRecord."""
-    if not data or not isinstance(data.get("type"), str):
-        return None
-    t = data.get("time")
-    mro = data.get("mro")
-    chain = data.get("chain")
-    thread = data.get("thread")
-    return ExceptionRecord(
-        type=data["type"],
-        message=str(data.get("message", "")),
-        traceback=str(data.get("traceback", ""))[:100_000],
-        time=float(t) if isinstance(t, int | float) and not isinstance(t, bool) else None,
-        mro=tuple(str(m) for m in mro) if isinstance(mro, list) else (),
-        chain=tuple((str(c[0]), str(c[1])) for c in chain if isinstance(c, list) and len(c) == 2)
-        if isinstance(chain, list)
-        else (),
-        thread=str(thread) if thread else None,
-        problems=tuple(str(p) for p in data.get("problems") or () if isinstance(p, str)),
-    )
 
 
 def read_exception(rank_dir: Path) -> ExceptionRecord | None:

@@ -26,7 +26,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from elastic_diag.evidence import ErrorLine, ExceptionRecord, as_seconds
+from elastic_diag.evidence import ErrorLine, ExceptionRecord, as_seconds, exception_from_json, exception_to_json
 from elastic_diag.logs import parse_line
 from elastic_diag.taxonomy import Signature, Taxonomy
 
@@ -288,9 +288,8 @@ def error_line_to_json(line: ErrorLine) -> dict[str, Any]:
         "arrival": line.arrival,
         "logged": line.logged,
         "stream": line.stream,
-        "exception": {"type": exc.type, "message": exc.message[:MAX_MESSAGE_CHARS], "traceback": exc.traceback,
-                      "chain": [list(c) for c in exc.chain], "thread": exc.thread} if exc else None,
-    }  # fmt: skip
+        "exception": exception_to_json(exc, message_chars=MAX_MESSAGE_CHARS) if exc else None,
+    }
 
 
 def error_line_from_json(data: Any) -> ErrorLine | None:
@@ -300,14 +299,7 @@ def error_line_from_json(data: Any) -> ErrorLine | None:
     t = as_seconds(data.get("time"))
     if t is None:
         return None
-    exc = data.get("exception")
-    record = None
-    if isinstance(exc, dict) and isinstance(exc.get("type"), str):
-        chain = tuple((str(c[0]), str(c[1])) for c in exc.get("chain") or () if isinstance(c, list) and len(c) == 2)
-        thread = exc.get("thread")
-        record = ExceptionRecord(type=exc["type"], message=str(exc.get("message", "")),
-                                 traceback=str(exc.get("traceback", ""))[:100_000], time=t, chain=chain,
-                                 thread=str(thread) if thread else None)  # fmt: skip
+    record = exception_from_json(data.get("exception"))
     return ErrorLine(time=t, text=data["text"][:MAX_LINE], arrival=as_seconds(data.get("arrival")),
                      logged=as_seconds(data.get("logged")), exception=record,
                      stream=str(data.get("stream") or "stderr"))  # fmt: skip

@@ -156,6 +156,36 @@ def as_seconds(value: Any) -> float | None:
     return float(value)
 
 
+def exception_to_json(
+    exc: ExceptionRecord, *, message_chars: int = 20_000, traceback_chars: int = 100_000, time: float | None = None
+) -> dict[str, Any]:
+    """An ExceptionRecord as JSON (the bootstrap's exception.json shape), bounded; ``time`` replaces its own
+    (a record moved onto another clock)."""
+    return {"type": exc.type, "message": exc.message[:message_chars], "traceback": exc.traceback[-traceback_chars:],
+            "time": exc.time if time is None else time, "mro": list(exc.mro), "chain": [list(c) for c in exc.chain],
+            "thread": exc.thread, "problems": list(exc.problems)}  # fmt: skip
+
+
+def exception_from_json(data: Any) -> ExceptionRecord | None:
+    """exception.json, thread_exception.json, and the exceptions inside first_error.json and the nodes'
+    records, back as an ExceptionRecord; None for anything that is not one (garbled, foreign)."""
+    if not isinstance(data, dict) or not isinstance(data.get("type"), str) or not data["type"]:
+        return None
+    mro, chain, thread = data.get("mro"), data.get("chain"), data.get("thread")
+    return ExceptionRecord(
+        type=data["type"],
+        message=str(data.get("message", "")),
+        traceback=str(data.get("traceback", ""))[:100_000],
+        time=as_seconds(data.get("time")),
+        mro=tuple(str(m) for m in mro) if isinstance(mro, list) else (),
+        chain=tuple((str(c[0]), str(c[1])) for c in chain if isinstance(c, list) and len(c) == 2)
+        if isinstance(chain, list)
+        else (),
+        thread=str(thread) if thread else None,
+        problems=tuple(p for p in data.get("problems") or () if isinstance(p, str)),
+    )
+
+
 def signal_name(exit_code: int | None) -> str | None:
     """``SIGKILL`` for an exit code of -9 (Popen's convention), else None."""
     if exit_code is None or exit_code >= 0:

@@ -30,6 +30,8 @@ from elastic_diag.evidence import (
     ExceptionRecord,
     RankEvidence,
     as_seconds,
+    exception_from_json,
+    exception_to_json,
     parse_stack_dump,
 )
 
@@ -51,22 +53,9 @@ def _shift(t: float | None, offset: float) -> float | None:
 
 
 def _exception_json(exc: ExceptionRecord | None, offset: float) -> dict[str, Any] | None:
-    if exc is None:
-        return None
-    return {"type": exc.type, "message": exc.message[:2000], "traceback": exc.traceback[-4000:],
-            "time": _shift(exc.time, offset), "mro": list(exc.mro), "chain": [list(c) for c in exc.chain],
-            "thread": exc.thread}  # fmt: skip
-
-
-def _exception_from(data: Any) -> ExceptionRecord | None:
-    if not isinstance(data, dict) or not data.get("type"):
-        return None
-    return ExceptionRecord(
-        type=str(data["type"]), message=str(data.get("message", "")), traceback=str(data.get("traceback", "")),
-        time=as_seconds(data.get("time")), mro=tuple(str(m) for m in data.get("mro") or ()),
-        chain=tuple((str(c[0]), str(c[1])) for c in data.get("chain") or () if isinstance(c, list) and len(c) == 2),
-        thread=str(data["thread"]) if data.get("thread") else None,
-    )  # fmt: skip
+    return (
+        exception_to_json(exc, message_chars=2000, traceback_chars=4000, time=_shift(exc.time, offset)) if exc else None
+    )
 
 
 def _error_line_json(line: ErrorLine | None, offset: float) -> dict[str, Any] | None:
@@ -176,8 +165,8 @@ def _rank_evidence(node: str, r: dict[str, Any]) -> RankEvidence:
         steps=r.get("steps") if isinstance(r.get("steps"), int) else None,
         alive_at_decision=bool(r.get("alive_at_decision")),
         stopped_by_agent=bool(r.get("stopped_by_agent")),
-        exception=_exception_from(exc),
-        thread_exception=_exception_from(r.get("thread_exception")),
+        exception=exception_from_json(exc),
+        thread_exception=exception_from_json(r.get("thread_exception")),
         error_line=error_line_from_json(r.get("error_line")),
         stderr_tail=tuple(str(x) for x in r.get("stderr_tail") or ()),
         stack=parse_stack_dump(stack) if isinstance(stack, str) and stack else None,
