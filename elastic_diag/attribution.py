@@ -250,7 +250,7 @@ def named_in_exception(ctx: Context) -> Diagnosis | None:
         return None
     rank = max(named, key=lambda r: (len({f.rank for f, _s, _l in named[r]}), -r))
     wrapper = named[rank][0][1]
-    line = named[rank][0][2]
+    line = named[rank][0][2].splitlines()[0]  # the wrapper's own line, not the tracebacks it quotes
     inner, inner_line, inner_type = _inner_error(ctx, rank)
     sig = inner or wrapper
     if len(ctx.findings) >= 2 and set(ctx.findings) <= set(named):
@@ -272,8 +272,8 @@ def named_in_exception(ctx: Context) -> Diagnosis | None:
     reporters = sorted({f.rank for f, _s, _l in named[rank]})
     what = inner_line or line
     summary = (
-        f"Rank {rank}{_on(ev)} failed: {what[:300]}. {wrapper.title} on {ranks_phrase(reporters).lower()} "
-        f"names rank {rank} as the rank whose part failed."
+        f"Rank {rank}{_on(ev)} failed: {what[:300]}. {ranks_phrase(reporters)} raised the same wrapper exception "
+        f"({line[:160]}), naming rank {rank} as the rank whose part failed."
     )
     others = sorted(named)
     if len(others) > 1:

@@ -235,7 +235,7 @@ def examine_rank(ev: RankEvidence, taxonomy: Taxonomy, decided_at: float | None 
         if specific is not None:
             sig, line = specific
         lines = [line]
-        loc = exc.location() if exc is not None else None
+        loc = (exc.user_location() or exc.location()) if exc is not None else None  # the user's line first
         if loc:
             lines.append(f"at {loc}")
         return RankFinding(
