@@ -118,7 +118,7 @@ def beacon_cost(steps: int = 3000) -> None:
     import torch
     from torch.optim.optimizer import register_optimizer_step_post_hook
 
-    from elastic_diag import beacon
+    from elastic_diag.worker import beacon
 
     with tempfile.TemporaryDirectory() as tmp, open(Path(tmp) / "stacks.txt", "w") as stacks:
         model = torch.nn.Linear(8, 1)

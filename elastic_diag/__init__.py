@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from elastic_diag.beacon import heartbeat, watch
+from elastic_diag.worker.beacon import heartbeat, watch
 
 __version__ = "0.1.0"
 
@@ -18,6 +18,6 @@ __all__ = ["__version__", "elastic_launch", "heartbeat", "watch"]
 def elastic_launch(config: Any, entrypoint: Any, diag: Any = None) -> Any:
     """torch's ``elastic_launch(config, entrypoint)`` with the diagnosis on (imports torch lazily:
     see :func:`elastic_diag.launcher.elastic_launch`)."""
-    from elastic_diag.launcher import elastic_launch as launch
+    from elastic_diag.launch.launcher import elastic_launch as launch
 
     return launch(config, entrypoint, diag)

@@ -18,7 +18,7 @@ from elastic_diag.errors import EXIT_OK, EXIT_USAGE, ElasticDiagError
 
 
 def explain_text(sid: str) -> str:
-    from elastic_diag.taxonomy import load_taxonomy
+    from elastic_diag.core.taxonomy import load_taxonomy
 
     sig = load_taxonomy().get(sid)
 
@@ -45,10 +45,10 @@ def explain_text(sid: str) -> str:
 def _cmd_signatures(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from elastic_diag.taxonomy import load_taxonomy
+    from elastic_diag.core.taxonomy import load_taxonomy
 
     if args.write_docs:
-        from elastic_diag.signature_docs import write_docs
+        from elastic_diag.report.signature_docs import write_docs
 
         names = write_docs(Path(args.write_docs))
         print(f"wrote {len(names)} pages to {args.write_docs}")
@@ -72,8 +72,8 @@ def _cmd_explain(args: argparse.Namespace) -> int:
 def _cmd_analyze(args: argparse.Namespace) -> int:
     import json
 
-    from elastic_diag.analyze import analyze_paths, format_analysis
-    from elastic_diag.terminal import Paint, Progress, wants_colour
+    from elastic_diag.offline.analyze import analyze_paths, format_analysis
+    from elastic_diag.report.terminal import Paint, Progress, wants_colour
 
     missing = [p for p in args.paths if not os.path.exists(p)]
     if len(missing) == len(args.paths):
@@ -91,7 +91,7 @@ def _cmd_analyze(args: argparse.Namespace) -> int:
 def _cmd_report(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from elastic_diag.html_report import write_html
+    from elastic_diag.report.html import write_html
 
     diag_dir = Path(args.diag_dir)
     if diag_dir.is_file() and diag_dir.name.endswith(".json"):
@@ -107,7 +107,10 @@ def _cmd_report(args: argparse.Namespace) -> int:
 
 
 def get_parser() -> argparse.ArgumentParser:
+    from elastic_diag import __version__
+
     parser = argparse.ArgumentParser(prog="elastic-diag", description=__doc__.splitlines()[0])
+    parser.add_argument("--version", action="version", version=f"elastic-diag {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("run", help="torchrun with diagnosis (same as torchrun-diag)", add_help=False)
     signatures = sub.add_parser("signatures", help="list the failure signatures")
@@ -129,7 +132,7 @@ def get_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["run"]:
-        from elastic_diag.run import main as run_main
+        from elastic_diag.launch.run import main as run_main
 
         return run_main(argv[1:])
     args = get_parser().parse_args(argv)

@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import pytest
 
-from elastic_diag.attribution import RULES
-from elastic_diag.classify import classify_attempt
-from elastic_diag.evidence import AttemptEvidence, ErrorLine, ExceptionRecord, RankEvidence, parse_stack_dump
-from elastic_diag.flight_recorder import Collective, RankRecord
+from elastic_diag.core.attribution import RULES
+from elastic_diag.core.classify import classify_attempt
+from elastic_diag.core.evidence import AttemptEvidence, ErrorLine, ExceptionRecord, RankEvidence, parse_stack_dump
+from elastic_diag.core.flight_recorder import Collective, RankRecord
 
 CLOSED = "RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:553] Connection closed by peer [127.0.0.1]:4000"
 TIMEOUT = "RuntimeError: [../third_party/gloo/gloo/transport/tcp/unbound_buffer.cc:78] Timed out waiting 8000ms for " \
@@ -404,8 +404,8 @@ def test_no_rank_named_says_why():
 
 
 def test_the_gate_sees_the_initiating_ranks_own_retryable_exception():
-    from elastic_diag.findings import retryable_own_failure
-    from elastic_diag.taxonomy import load_taxonomy
+    from elastic_diag.core.findings import retryable_own_failure
+    from elastic_diag.core.taxonomy import load_taxonomy
 
     tax = load_taxonomy()
     fetch = rank(

@@ -10,15 +10,16 @@ import sys
 import time
 from pathlib import Path
 
-from elastic_diag import bootstrap
-from elastic_diag.capture import BOOT_DIR
-from elastic_diag.evidence import parse_stack_dump
+from elastic_diag import layout
+from elastic_diag.agent.logs_specs import BOOT_DIR
+from elastic_diag.core.evidence import parse_stack_dump
+from elastic_diag.worker import bootstrap
 
 
 def worker_env(rank_dir: Path, extra_path: str = "") -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    env[bootstrap.ENV_RANK_DIR] = str(rank_dir)
-    env[bootstrap.ENV_BOOT_PATH] = BOOT_DIR
+    env[layout.ENV_RANK_DIR] = str(rank_dir)
+    env[layout.ENV_BOOT_PATH] = BOOT_DIR
     env["PYTHONPATH"] = os.pathsep.join(p for p in (BOOT_DIR, extra_path) if p)
     env["TORCHELASTIC_ERROR_FILE"] = str(rank_dir / "error.json")
     return env
@@ -105,7 +106,7 @@ def test_the_beacon_waits_for_torch_to_finish_importing(tmp_path, monkeypatch):
     import sys
     import types
 
-    from elastic_diag import beacon
+    from elastic_diag.worker import beacon
 
     half = types.ModuleType("torch.optim.optimizer")  # what sys.modules holds halfway through the import
     monkeypatch.setitem(sys.modules, "torch.optim.optimizer", half)
@@ -115,7 +116,7 @@ def test_the_beacon_waits_for_torch_to_finish_importing(tmp_path, monkeypatch):
         b = beacon.Beacon(str(tmp_path), 0.05, stacks)
         b.tick()  # must not raise
         assert not b.hooks_installed
-        assert (tmp_path / beacon.PROGRESS_FILE).exists()
+        assert (tmp_path / layout.PROGRESS_FILE).exists()
 
 
 def _run(tmp_path: Path, code: str) -> tuple[subprocess.CompletedProcess[str], Path]:
@@ -139,7 +140,7 @@ def test_the_class_hierarchy_and_the_chain_are_recorded(tmp_path):
     rec = json.loads((rank_dir / "exception.json").read_text())
     assert rec["type"] == "RuntimeError" and rec["mro"][:2] == ["RuntimeError", "Exception"]
     assert rec["chain"] == [["ShardMemoryError", "batch of 8 TiB"]]
-    from elastic_diag.capture import read_exception
+    from elastic_diag.layout import read_exception
 
     got = read_exception(rank_dir)
     assert got is not None and got.chain == (("ShardMemoryError", "batch of 8 TiB"),)
@@ -171,7 +172,7 @@ def test_a_failing_user_excepthook_does_not_lose_the_record(tmp_path):
     p, rank_dir = _run(tmp_path, (
         "import sys\n"
         "def hook(t, v, tb):\n    raise OSError('log server gone')\n"
-        "import elastic_diag.bootstrap as b\nb._state['previous_excepthook'] = hook\n"
+        "import elastic_diag.worker.bootstrap as b\nb._state['previous_excepthook'] = hook\n"
         "raise KeyError('shard-9')\n"
     ))  # fmt: skip
     assert p.returncode == 1 and "Error in sys.excepthook" in p.stderr
@@ -188,6 +189,6 @@ def test_a_threads_uncaught_exception_is_recorded(tmp_path):
         "t = threading.Thread(target=other); t.start(); t.join()\n"
     ))  # fmt: skip
     assert p.returncode == 0 and "Exception in thread prefetch" in p.stderr
-    rec = json.loads((rank_dir / bootstrap.THREAD_EXCEPTION_FILE).read_text())
+    rec = json.loads((rank_dir / layout.THREAD_EXCEPTION_FILE).read_text())
     assert (rec["type"], rec["message"], rec["thread"]) == ("ValueError", "corrupt shard 17", "prefetch")
-    assert not (rank_dir / bootstrap.EXCEPTION_FILE).exists()
+    assert not (rank_dir / layout.EXCEPTION_FILE).exists()

@@ -7,7 +7,8 @@ import resource
 
 from torch.distributed.elastic.multiprocessing.api import Std
 
-from elastic_diag.capture import BOOT_DIR, DiagLogsSpecs, read_exception, read_tail
+from elastic_diag.agent.logs_specs import BOOT_DIR, DiagLogsSpecs
+from elastic_diag.layout import read_exception, read_tail
 
 
 def test_tail_of_a_flooded_file_is_bounded(tmp_path):

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from elastic_diag.classify import classify_attempt, classify_launch_error
-from elastic_diag.evidence import AttemptEvidence, ExceptionRecord, RankEvidence, parse_stack_dump
+from elastic_diag.core.classify import classify_attempt, classify_launch_error
+from elastic_diag.core.evidence import AttemptEvidence, ExceptionRecord, RankEvidence, parse_stack_dump
 
 CLOSED = "RuntimeError: [../gloo/transport/tcp/pair.cc:553] Connection closed by peer [127.0.0.1]:4000"
 TIMEOUT = (
@@ -177,7 +177,7 @@ def test_monitored_barrier_names_the_missing_rank():
 
 
 def test_rank_lists_in_summaries_are_ranges() -> None:
-    from elastic_diag.classify import format_ranks
+    from elastic_diag.core.classify import format_ranks
 
     assert format_ranks([]) == "none"
     assert format_ranks([2, 1]) == "1, 2"

@@ -19,7 +19,7 @@ def in_process(argv: list[str], capsys: pytest.CaptureFixture[str], monkeypatch:
                env: dict[str, str] | None = None) -> tuple[int, str]:  # fmt: skip
     """torchrun-diag's main() in this process (a usage error ends before any worker: no need to pay
     a torch import in a new process for each); its exit status and stderr."""
-    from elastic_diag.run import main
+    from elastic_diag.launch.run import main
 
     for k, v in (env or {}).items():
         monkeypatch.setenv(k, v)

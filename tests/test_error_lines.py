@@ -9,9 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from elastic_diag.error_lines import ErrorScanner, error_line_from_json, error_line_to_json, scan_lines
-from elastic_diag.tailer import FIRST_ERROR_FILE, StreamTailer
-from elastic_diag.taxonomy import load_taxonomy
+from elastic_diag.agent.tailer import StreamTailer
+from elastic_diag.core.error_lines import ErrorScanner, error_line_from_json, error_line_to_json, scan_lines
+from elastic_diag.core.taxonomy import load_taxonomy
+from elastic_diag.layout import FIRST_ERROR_FILE
 
 TAX = load_taxonomy()
 CLOSED = "RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:553] Connection closed by peer [127.0.0.1]:4000"

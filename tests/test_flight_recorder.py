@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from elastic_diag.classify import straggler_warnings
-from elastic_diag.evidence import AttemptEvidence, RankEvidence
-from elastic_diag.flight_recorder import compare, load_dump, parse_record
-from elastic_diag.health import AUTO_FLOOR_S, AUTO_START_S, HealthMonitor
+from elastic_diag.agent.health import AUTO_FLOOR_S, AUTO_START_S, HealthMonitor
+from elastic_diag.core.classify import straggler_warnings
+from elastic_diag.core.evidence import AttemptEvidence, RankEvidence
+from elastic_diag.core.flight_recorder import compare, load_dump, parse_record
 
 
 def entry(seq: int, size: int = 1, op: str = "all_reduce", t: int = 0, pg: str = "default_pg") -> dict:
@@ -204,14 +204,14 @@ FIXTURES = Path(__file__).parent / "fixtures" / "fr"
 )
 def test_analyze_reads_a_folder_of_flight_recorder_dumps(case, cls, rank):
     """Dumps taken by elastic_diag on real 4-rank gloo runs (skip-collective: rank 1 aborted and left none)."""
-    from elastic_diag.analyze import analyze_paths
+    from elastic_diag.offline.analyze import analyze_paths
 
     a = analyze_paths([FIXTURES / case])
     assert (a.diagnosis.failure_class, a.diagnosis.initiating_rank) == (cls, rank), a.diagnosis.summary
 
 
 def test_analyze_reads_torch_pickle_dumps_and_reports_broken_ones(tmp_path: Path):
-    from elastic_diag.analyze import analyze_paths
+    from elastic_diag.offline.analyze import analyze_paths
 
     for src in sorted((FIXTURES / "deadlock").glob("*.json")):
         trace = json.loads(src.read_text())["trace"]
@@ -231,8 +231,8 @@ def test_a_rank_that_answers_nothing_costs_at_most_the_timeout(tmp_path: Path):
     import sys
     import time
 
-    from elastic_diag.agent import request_dumps
-    from elastic_diag.capture import RankLayout
+    from elastic_diag.agent.dumps import request_dumps
+    from elastic_diag.layout import RankLayout
 
     code = "import signal, time; signal.signal(signal.SIGURG, signal.SIG_IGN); print('ready', flush=True); "
     code += "time.sleep(60)"
@@ -253,7 +253,7 @@ def test_a_rank_that_answers_nothing_costs_at_most_the_timeout(tmp_path: Path):
 
 
 def test_a_huge_stack_file_is_read_bounded(tmp_path: Path):
-    from elastic_diag.capture import STACK_BYTES, read_stack_since
+    from elastic_diag.layout import STACK_BYTES, read_stack_since
 
     frames = '  File "x.py", line 1 in f\n' * 400_000
     (tmp_path / "stacks.txt").write_text("Thread 0x1 (most recent call first):\n" + frames)

@@ -10,10 +10,11 @@ from pathlib import Path
 import pytest
 from conftest import EXAMPLE, launch, torchrun_diag
 
-from elastic_diag import gate
 from elastic_diag.config import DiagConfig
 from elastic_diag.errors import EXIT_FAILED, EXIT_OK, EXIT_RESTART_REFUSED, EXIT_USAGE, EXIT_VERIFY_FAILED, UsageError
-from elastic_diag.gate import AttemptOutcome, ControlContext, Decision
+from elastic_diag.gate import controls, policy
+from elastic_diag.gate.controls import ControlContext
+from elastic_diag.gate.policy import AttemptOutcome, Decision
 
 
 def failure(attempt: int, cls: str = "python_exception", retryable: bool | None = False, ckpt: str | None = None,
@@ -23,7 +24,7 @@ def failure(attempt: int, cls: str = "python_exception", retryable: bool | None 
 
 
 def test_verified_policy():
-    v = gate.verified
+    v = policy.verified
     assert v([failure(0)]).restart  # one retry for a failure not known to be retryable
     assert not v([failure(0), failure(1)]).restart  # the same failure again, no checkpoint progress
     assert "did not advance" in v([failure(0, ckpt="a"), failure(1, ckpt="a")]).reason
@@ -32,7 +33,7 @@ def test_verified_policy():
     assert v([failure(0, cls="killed", retryable=True), failure(1, cls="network_error", retryable=True)]).restart
     desync = v([failure(0, cls="collective_desync")])
     assert not desync.restart and "deterministic" in desync.reason
-    assert not gate.never([failure(0)]).restart
+    assert not policy.never([failure(0)]).restart
     # the initiating rank's own ConnectionError beats a schedule inference, and keeps restarting
     own = AttemptOutcome(attempt=0, failure_class="collective_desync", exception_type="ConnectionError",
                          own_retryable=True)  # fmt: skip
@@ -43,12 +44,12 @@ def test_verified_policy():
             AttemptOutcome(attempt=1, failure_class="python_exception", own_retryable=True, location="loader.py:3"),
         ]
     ).restart
-    assert gate.always([failure(0), failure(1)]) == Decision(True, gate.always([]).reason, verify=False)
+    assert policy.always([failure(0), failure(1)]) == Decision(True, policy.always([]).reason, verify=False)
 
 
 def test_policies_from_a_module_and_bad_ones(tmp_path, monkeypatch):
     (tmp_path / "my_policy.py").write_text(
-        "from elastic_diag.gate import Decision\n"
+        "from elastic_diag.gate.policy import Decision\n"
         "def only_twice(history):\n"
         "    return Decision(len(history) < 2, f'{len(history)} failure(s) so far')\n"
         "def broken(history):\n"
@@ -56,16 +57,16 @@ def test_policies_from_a_module_and_bad_ones(tmp_path, monkeypatch):
         "NOT_CALLABLE = 3\n"
     )
     monkeypatch.syspath_prepend(str(tmp_path))
-    policy = gate.load_policy("my_policy:only_twice")
-    assert gate.ask_policy(policy, [failure(0)]).restart
-    assert not gate.ask_policy(policy, [failure(0), failure(1)]).restart
-    refused = gate.ask_policy(gate.load_policy("my_policy:broken"), [failure(0)])
+    only_twice = policy.load_policy("my_policy:only_twice")
+    assert policy.ask_policy(only_twice, [failure(0)]).restart
+    assert not policy.ask_policy(only_twice, [failure(0), failure(1)]).restart
+    refused = policy.ask_policy(policy.load_policy("my_policy:broken"), [failure(0)])
     assert not refused.restart and "RuntimeError: boom" in refused.reason
-    assert not gate.ask_policy(lambda h: "yes", [failure(0)]).restart  # type: ignore[arg-type,return-value]
+    assert not policy.ask_policy(lambda h: "yes", [failure(0)]).restart  # type: ignore[arg-type,return-value]
     for bad, words in [("no_such_module_xyz:f", "cannot import"), ("my_policy:missing", "no attribute"),
                        ("my_policy:NOT_CALLABLE", "not callable"), ("sometimes", "expected never")]:  # fmt: skip
         with pytest.raises(UsageError, match=words):
-            gate.load_policy(bad)
+            policy.load_policy(bad)
 
 
 def ctx(tmp_path: Path, **kw) -> ControlContext:
@@ -74,14 +75,14 @@ def ctx(tmp_path: Path, **kw) -> ControlContext:
 
 def test_a_command_control_that_hangs_is_bounded_and_one_not_found_is_clear(tmp_path):
     t0 = time.monotonic()
-    hung = gate.run_control("sleep 60", ctx(tmp_path, timeout_s=1.0, retries=3))
+    hung = controls.run_control("sleep 60", ctx(tmp_path, timeout_s=1.0, retries=3))
     assert not hung.passed and "did not finish within 1 s" in hung.summary
     assert time.monotonic() - t0 < 5  # retries stop at the deadline
-    missing = gate.run_control("no-such-command-xyz --check", ctx(tmp_path))
+    missing = controls.run_control("no-such-command-xyz --check", ctx(tmp_path))
     assert not missing.passed and "not found" in missing.summary
     flaky = tmp_path / "flaky.sh"
     flaky.write_text(f"test -e {tmp_path}/second || {{ touch {tmp_path}/second; exit 1; }}\necho ok\n")
-    retried = gate.run_control(f"sh {flaky}", ctx(tmp_path, retries=2))
+    retried = controls.run_control(f"sh {flaky}", ctx(tmp_path, retries=2))
     assert retried.passed and retried.tries == 2
 
 
@@ -90,31 +91,31 @@ def test_checkpoint_and_disk_controls(tmp_path):
 
     ckpt = tmp_path / "ckpt"
     ckpt.mkdir()
-    assert not gate.run_control("checkpoint", ctx(tmp_path, checkpoint_dir=ckpt)).passed  # empty folder
+    assert not controls.run_control("checkpoint", ctx(tmp_path, checkpoint_dir=ckpt)).passed  # empty folder
     torch.save({"w": torch.ones(3)}, ckpt / "step_10.pt")
     time.sleep(0.01)
     (ckpt / "step_20.pt").write_bytes(b"")  # a partial write, the newest
-    bad = gate.run_control("checkpoint", ctx(tmp_path, checkpoint_dir=ckpt))
+    bad = controls.run_control("checkpoint", ctx(tmp_path, checkpoint_dir=ckpt))
     assert not bad.passed and "empty" in bad.summary
     (ckpt / "step_20.pt").write_bytes(b"garbage, not a torch.save file")
-    assert not gate.run_control("checkpoint", ctx(tmp_path, checkpoint_dir=ckpt)).passed
+    assert not controls.run_control("checkpoint", ctx(tmp_path, checkpoint_dir=ckpt)).passed
     torch.save({"w": torch.ones(3)}, ckpt / "step_20.pt")
-    good = gate.run_control("checkpoint", ctx(tmp_path, checkpoint_dir=ckpt))
+    good = controls.run_control("checkpoint", ctx(tmp_path, checkpoint_dir=ckpt))
     assert good.passed, good.output
-    assert gate.run_control("disk", ctx(tmp_path, checkpoint_dir=ckpt)).passed
+    assert controls.run_control("disk", ctx(tmp_path, checkpoint_dir=ckpt)).passed
 
 
 def test_the_collective_control_runs_real_ranks(tmp_path):
-    result = gate.run_control("collective", ctx(tmp_path, timeout_s=60.0))
+    result = controls.run_control("collective", ctx(tmp_path, timeout_s=60.0))
     assert result.passed, result.output
     assert "rank 1: all_reduce and barrier ok" in result.output
 
 
 def test_the_signature_control_needs_the_signature_absent(tmp_path):
     c = ctx(tmp_path, signature_patterns=("injected failure",))
-    present = gate.verify([f"{sys.executable} -c \"print('ValueError: injected failure')\"", "signature"], c)
+    present = controls.verify([f"{sys.executable} -c \"print('ValueError: injected failure')\"", "signature"], c)
     assert [r.passed for r in present] == [True, False]
-    absent = gate.verify([f"{sys.executable} -c \"print('fine')\"", "signature"], c)
+    absent = controls.verify([f"{sys.executable} -c \"print('fine')\"", "signature"], c)
     assert all(r.passed for r in absent)
 
 
@@ -197,7 +198,7 @@ def test_a_failing_control_stops_the_restart_and_its_output_is_kept(tmp_path):
 @pytest.mark.timeout(240)
 def test_a_user_policy_from_a_module_decides(tmp_path):
     (tmp_path / "pol.py").write_text(
-        "from elastic_diag.gate import Decision\n"
+        "from elastic_diag.gate.policy import Decision\n"
         "def no_python_errors(history):\n"
         "    last = history[-1]\n"
         "    return Decision(last.failure_class != 'python_exception', f'policy saw {last.describe()}')\n"
@@ -221,7 +222,7 @@ def test_a_policy_that_does_not_import_is_a_usage_error_before_any_worker(tmp_pa
 
 
 def test_report_json_of_the_gate_is_plain_json(tmp_path):
-    r = gate.run_control("disk", ctx(tmp_path))
+    r = controls.run_control("disk", ctx(tmp_path))
     json.dumps(r.to_json("x.log"))
 
 

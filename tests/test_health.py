@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from conftest import EXAMPLE, ROOT, launch, torchrun_diag
 
-from elastic_diag.agent import find_py_spy
+from elastic_diag.agent.dumps import find_py_spy
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(150)]
 

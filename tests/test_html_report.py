@@ -15,11 +15,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from elastic_diag.classify import classify_attempt
-from elastic_diag.evidence import AttemptEvidence, ExceptionRecord, RankEvidence, parse_stack_dump
-from elastic_diag.html_report import load_report_dir, render_html, salvage_object, write_html
-from elastic_diag.rank_story import group_rows, rank_rows
-from elastic_diag.report import AttemptRecord, build_report, write_json_atomic
+from elastic_diag.core.classify import classify_attempt
+from elastic_diag.core.evidence import AttemptEvidence, ExceptionRecord, RankEvidence, parse_stack_dump
+from elastic_diag.report.document import AttemptRecord, build_report, write_json_atomic
+from elastic_diag.report.html import load_report_dir, render_html, salvage_object, write_html
+from elastic_diag.report.rank_story import group_rows, rank_rows
 
 FIXTURES = Path(__file__).parent / "fixtures"
 REPORTS = FIXTURES / "reports"

@@ -19,7 +19,8 @@ from pathlib import Path
 import pytest
 from conftest import EXAMPLE, ROOT, Run, _kill_leftovers, launch, torchrun_diag
 
-from elastic_diag import nodes
+from elastic_diag.agent.cluster import StoreExchange, offset_from_ping
+from elastic_diag.core import merge as nodes
 
 MULTI = [pytest.mark.multiprocess, pytest.mark.timeout(200)]
 
@@ -160,7 +161,7 @@ def test_garbled_and_newer_records_are_left_out_and_the_wait_is_bounded():
     from torch.distributed import TCPStore
 
     store = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
-    ex = nodes.StoreExchange(store, "run1")
+    ex = StoreExchange(store, "run1")
     ex.publish(0, 0, record(0, 0))
     store.set("elastic_diag/run1/record/0/1", "{not json")
     store.set("elastic_diag/run1/record/0/2", json.dumps(record(2, 2, schema="elastic_diag.node_record/9")))
@@ -188,7 +189,7 @@ def test_a_store_that_disappears_raises_and_is_not_waited_on_forever():
         from torch.distributed import TCPStore
 
         client = TCPStore("127.0.0.1", port, is_master=False, timeout=timedelta(seconds=3))
-        ex = nodes.StoreExchange(client, "run2")
+        ex = StoreExchange(client, "run2")
         ex.publish(0, 1, record(1, 2))
         server.kill()
         server.wait()
@@ -204,7 +205,7 @@ def test_a_store_that_disappears_raises_and_is_not_waited_on_forever():
 
 
 def test_clock_offset_from_a_ping():
-    offset, rtt = nodes.offset_from_ping(t_send=10.0, t_leader=15.1, t_recv=10.2)
+    offset, rtt = offset_from_ping(t_send=10.0, t_leader=15.1, t_recv=10.2)
     assert offset == pytest.approx(5.0) and rtt == pytest.approx(0.2)
 
 

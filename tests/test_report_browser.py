@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from elastic_diag.html_report import ROLE_COLOURS, write_html
+from elastic_diag.report.html import ROLE_COLOURS, write_html
 
 ROOT = Path(__file__).resolve().parents[1]
 ARTIFACTS = ROOT / "test-artifacts"

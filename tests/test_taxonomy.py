@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from elastic_diag.core.taxonomy import FAILURE_CLASSES, load_taxonomy, parse_signatures
 from elastic_diag.errors import TaxonomyError
-from elastic_diag.taxonomy import FAILURE_CLASSES, load_taxonomy, parse_signatures
 
 TAX = load_taxonomy()
 LINE_SIGNATURES = [s for s in TAX if s.patterns]
@@ -71,7 +71,7 @@ def test_signature_docs_are_not_stale():
     `elastic-diag signatures --write-docs docs/signatures` after editing a TOML file."""
     from pathlib import Path
 
-    from elastic_diag.signature_docs import expected_pages
+    from elastic_diag.report.signature_docs import expected_pages
 
     folder = Path(__file__).resolve().parents[1] / "docs" / "signatures"
     pages = expected_pages()
@@ -84,7 +84,7 @@ def test_signature_docs_are_not_stale():
 def test_every_signature_line_passes_the_analyzers_prefilter():
     """The offline analyzer looks only at lines holding one of its ANCHORS (for speed): every example
     line of every signature must hold one, or `elastic-diag analyze` would never see it."""
-    from elastic_diag.analyze import ANCHORS
+    from elastic_diag.offline.analyze import ANCHORS
 
     for sig in TAX:
         for line in sig.examples:

@@ -13,8 +13,8 @@ import sys
 import time
 from pathlib import Path
 
-from elastic_diag.report import format_summary, print_summary
-from elastic_diag.terminal import Paint, Progress, is_tty, table, wants_colour
+from elastic_diag.report.document import format_summary, print_summary
+from elastic_diag.report.terminal import Paint, Progress, is_tty, table, wants_colour
 
 FIXTURES = Path(__file__).parent / "fixtures"
 REPORT = json.loads((FIXTURES / "reports" / "desync" / "report.json").read_text())

@@ -1,0 +1,370 @@
+"""DiagAgent: torch's LocalElasticAgent with the diagnosis in its template methods.
+
+``_start_workers`` opens an :class:`~elastic_diag.agent.capture.AttemptCapture` for the new attempt;
+``_monitor_workers`` lets the capture take its evidence and verdict BEFORE torch's own monitor tears
+the group down, then has it refine the verdict after; when torch would restart, the restart gate
+(:mod:`elastic_diag.gate`) decides first. ``_rendezvous`` keeps what a rendezvous that timed out knew.
+
+Any error inside the diagnosis is recorded in the report (``DiagSession.guard``) and never changes
+what the job does.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import socket
+import threading
+from pathlib import Path
+from typing import Any
+
+from torch.distributed.elastic.agent.server.api import DEFAULT_ROLE, RunResult, WorkerGroup, WorkerState
+from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
+from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
+from torch.distributed.elastic.rendezvous.api import RendezvousTimeoutError
+
+from elastic_diag._compat import worker_processes
+from elastic_diag.agent.capture import AttemptCapture, Worker
+from elastic_diag.agent.clock import skewed_clock
+from elastic_diag.agent.cluster import Cluster, StoreExchange
+from elastic_diag.agent.logs_specs import DiagLogsSpecs
+from elastic_diag.core.classify import Diagnosis, classify_attempt
+from elastic_diag.core.evidence import AttemptEvidence, RankEvidence
+from elastic_diag.core.findings import retryable_own_failure
+from elastic_diag.core.merge import node_label
+from elastic_diag.core.taxonomy import load_taxonomy
+from elastic_diag.gate import controls, policy
+from elastic_diag.gate.policy import AttemptOutcome
+from elastic_diag.layout import ENV_PREVIOUS_DIAGNOSIS, ENV_RESUME_FROM, read_exception
+from elastic_diag.report.document import print_summary
+from elastic_diag.report.session import DiagSession
+
+logger = logging.getLogger(__name__)
+
+
+class DiagAgent(LocalElasticAgent):
+    """LocalElasticAgent that keeps the evidence of every attempt and names the initiating rank."""
+
+    def __init__(self, *args: Any, session: DiagSession, print_summary: bool = False, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._session = session
+        self._print_summary = print_summary  # the launch is plain torchrun's: the agent reports at the end
+        self._capture: AttemptCapture | None = None
+        self._node = socket.gethostname()
+        self._clock = skewed_clock()
+        self._history: list[AttemptOutcome] = []
+
+    def run(self, role: str = DEFAULT_ROLE) -> RunResult:
+        result: RunResult = super().run(role)
+        if self._print_summary:
+            try:
+                report = self._session.finish("succeeded" if result.state == WorkerState.SUCCEEDED else "failed")
+                print_summary(report, str(self._session.report_path))
+            except Exception as e:
+                self._session.internal_error("writing the report at the end of the run", e)
+        return result
+
+    def _rendezvous(self, worker_group: WorkerGroup) -> None:
+        try:
+            super()._rendezvous(worker_group)
+        except RendezvousTimeoutError:
+            self._session.launch_context = rendezvous_context(worker_group.spec.rdzv_handler, self._node)
+            raise
+
+    def _start_workers(self, worker_group: WorkerGroup) -> dict[int, Any]:
+        pids: dict[int, Any] = super()._start_workers(worker_group)
+        self._capture = None
+        specs = self._logs_specs
+        if isinstance(specs, DiagLogsSpecs):
+            while specs.errors:
+                self._session.internal_error("starting the workers", OSError(specs.errors.pop(0)))
+        try:
+            self._capture = self._new_capture(worker_group)
+        except Exception as e:  # the job runs on without diagnosis; the report says so
+            self._session.internal_error("starting the capture", e)
+        return pids
+
+    def _new_capture(self, worker_group: WorkerGroup) -> AttemptCapture | None:
+        procs = worker_processes(self._pcontext)
+        specs = self._logs_specs
+        if not procs or not isinstance(specs, DiagLogsSpecs) or specs.current is None:
+            self._session.note("workers are not subprocesses of a DiagLogsSpecs launch: no live capture")
+            return None
+        layout = specs.current
+        workers = [
+            Worker(rank=w.global_rank, local_rank=w.local_rank, proc=procs[w.local_rank],
+                   layout=layout.ranks[w.local_rank])
+            for w in worker_group.workers
+        ]  # fmt: skip
+        world = worker_group.group_world_size or 1
+        node = node_label(self._node, worker_group.group_rank or 0, world)
+        cluster = self._join_cluster(worker_group, layout.attempt, node) if world > 1 else None
+        return AttemptCapture(attempt=layout, workers=workers, node=node, config=self._session.config,
+                              session=self._session, clock=self._clock, cluster=cluster)  # fmt: skip
+
+    def _join_cluster(self, worker_group: WorkerGroup, attempt: int, node: str) -> Cluster | None:
+        """Several nodes: say who is where, and measure this node's clock against the leader's."""
+        group_rank, world = worker_group.group_rank or 0, worker_group.group_world_size or 1
+        try:
+            exchange = StoreExchange(worker_group.store, self._session.run_id, clock=self._clock)
+            ranks = [w.global_rank for w in worker_group.workers]
+            exchange.hello(group_rank, {"node": node, "group_rank": group_rank, "ranks": ranks, "pid": os.getpid()})
+            offset = 0.0
+            if group_rank == 0:
+                threading.Thread(target=exchange.answer_pings, args=(world, attempt, 60.0), daemon=True,
+                                 name="elastic-diag-clock").start()  # fmt: skip
+            else:
+                measured = exchange.measure_offset(group_rank, attempt, 10.0)
+                if measured is None:
+                    self._session.note(f"attempt {attempt}: no clock reply from node 0; times left uncorrected")
+                else:
+                    offset = measured
+            cluster = Cluster(exchange=exchange, group_rank=group_rank, world=world, offset=offset)
+            threading.Thread(target=cluster.beat_forever, daemon=True, name="elastic-diag-beat").start()
+            return cluster
+        except Exception as e:
+            self._session.internal_error("joining the other nodes through the rendezvous store", e)
+            return None
+
+    def _monitor_workers(self, worker_group: WorkerGroup) -> RunResult:
+        capture = self._capture
+        if capture is not None and not capture.decided:
+            try:
+                if capture.has_failure():
+                    capture.decide()
+                elif (alarm := capture.hang_alarm()) is not None:
+                    capture.decide_hang(alarm)
+            except Exception as e:
+                self._session.internal_error("capturing evidence before teardown", e)
+        result: RunResult = super()._monitor_workers(worker_group)
+        ended = result.state in (WorkerState.SUCCEEDED, WorkerState.FAILED, WorkerState.UNHEALTHY)
+        if ended and capture is not None and not capture.finished:
+            try:
+                result = capture.finish(result)
+            except Exception as e:
+                self._session.internal_error("writing the verdict after teardown", e)
+        elif ended and capture is None and result.failures:
+            try:
+                self._verdict_from_failures(worker_group, result)
+            except Exception as e:
+                self._session.internal_error("taking a verdict from torch's failure list", e)
+        if result.state in (WorkerState.FAILED, WorkerState.UNHEALTHY) and self._remaining_restarts > 0:
+            try:
+                self._gate(worker_group)
+            except Exception as e:  # the gate itself failed: no restart storm on a broken gate
+                self._remaining_restarts = 0
+                self._session.internal_error("deciding whether to restart (no restart)", e)
+                self._session.record_gate(self._attempt(worker_group), {"decision": "refused", "reason":
+                                          f"the restart gate failed: {type(e).__name__}: {e}"})  # fmt: skip
+        return result
+
+    def _attempt(self, worker_group: WorkerGroup) -> int:
+        return worker_group.spec.max_restarts - self._remaining_restarts
+
+    def _gate(self, worker_group: WorkerGroup) -> None:
+        """Torch would restart now: ask the policy, run the verification controls, and either let the
+        restart happen (with the resume variables for the next attempt) or end the run."""
+        attempt = self._attempt(worker_group)
+        nodes = worker_group.group_world_size or 1
+        if nodes > 1 and worker_group.group_rank != 0:
+            followed = self._follow_gate(worker_group, attempt)
+            if followed is not None:
+                self._apply_gate(attempt, followed, Diagnosis(failure_class="unknown"))
+                return
+        record = self._session.attempts.get(attempt)
+        diagnosis = record.diagnosis if record is not None else Diagnosis(failure_class="unknown")
+        evidence = record.evidence if record is not None else None
+        config = self._session.config
+        outcome = outcome_of(attempt, diagnosis, evidence, config.checkpoint_dir)
+        self._history.append(outcome)
+        chosen = self._session.policy or policy.verified
+        decision = policy.ask_policy(chosen, self._history)
+        entry: dict[str, Any] = {"attempt": attempt, "policy": config.restart_policy, "failure": outcome.describe(),
+                                 "reason": decision.reason, "controls": []}  # fmt: skip
+        verification_failed = False
+        if decision.restart and decision.verify:
+            specs = list(config.verify) or controls.default_controls(config.checkpoint_dir)
+            out_dir = config.diag_dir / f"attempt_{attempt}" / "gate"
+            out_dir.mkdir(parents=True, exist_ok=True)
+            sig = self._taxonomy_patterns(diagnosis.signature_id)
+            ctx = controls.ControlContext(nproc=worker_group.spec.local_world_size, out_dir=out_dir,
+                                      checkpoint_dir=config.checkpoint_dir, timeout_s=config.verify_timeout_s,
+                                      retries=config.verify_retries, signature_patterns=sig)  # fmt: skip
+            logger.warning("elastic_diag: attempt %s failed (%s); verifying before restart: %s", attempt,
+                           outcome.describe(), ", ".join(specs))  # fmt: skip
+            results = controls.verify(specs, ctx)
+            for i, r in enumerate(results):
+                out_file = out_dir / f"control_{i}_{_slug(r.name)}.log"
+                try:
+                    out_file.write_text(r.output)
+                except OSError:
+                    out_file = None  # type: ignore[assignment]
+                entry["controls"].append(r.to_json(str(out_file) if out_file else None))
+            failed = next((r for r in results if not r.passed), None)
+            if failed is not None:
+                verification_failed = True
+                decision = policy.Decision(False, f"verification failed: {failed.name}: {failed.summary}")
+        entry["decision"] = "restart" if decision.restart else "refused"
+        entry["reason"] = decision.reason
+        entry["verification_failed"] = verification_failed
+        if decision.restart:
+            entry["resume_from"] = str(controls.latest_checkpoint(config.checkpoint_dir) or "") or None
+        if nodes > 1:
+            self._publish_gate(worker_group, attempt, entry)
+        self._apply_gate(attempt, entry, diagnosis)
+
+    def _apply_gate(self, attempt: int, entry: dict[str, Any], diagnosis: Diagnosis) -> None:
+        if entry.get("decision") == "restart":
+            self._prepare_resume(attempt, diagnosis)
+        else:
+            self._remaining_restarts = 0
+            logger.warning("elastic_diag: no restart: %s", entry.get("reason"))
+        self._session.record_gate(attempt, entry)
+
+    def _gate_key(self, attempt: int) -> str:
+        return f"elastic_diag/gate/{self._session.run_id}/{attempt}"
+
+    def _publish_gate(self, worker_group: WorkerGroup, attempt: int, entry: dict[str, Any]) -> None:
+        """One decision for every node: the agent of group rank 0 decides and publishes it."""
+        store: Any = worker_group.store
+        try:
+            store.set(self._gate_key(attempt), json.dumps(entry))
+        except Exception as e:
+            self._session.internal_error("publishing the restart decision to the other nodes", e)
+
+    def _follow_gate(self, worker_group: WorkerGroup, attempt: int) -> dict[str, Any] | None:
+        """The decision of the agent of group rank 0, or None (then this agent decides alone) when it
+        does not come within the controls' worst-case time."""
+        config = self._session.config
+        wait_s = config.verify_timeout_s * (config.verify_retries + 1) * max(1, len(config.verify) or 3) + 60
+        store: Any = worker_group.store
+        try:
+            from datetime import timedelta
+
+            store.wait([self._gate_key(attempt)], timedelta(seconds=wait_s))
+            entry = json.loads(store.get(self._gate_key(attempt)))
+        except Exception as e:
+            self._session.note(f"attempt {attempt}: no restart decision from group rank 0 ({e}); decided locally")
+            return None
+        if not isinstance(entry, dict):
+            return None
+        entry["decided_by"] = "group rank 0"
+        return entry
+
+    def _taxonomy_patterns(self, signature_id: str | None) -> tuple[str, ...]:
+        if not signature_id:
+            return ()
+        try:
+            return tuple(p.pattern for p in load_taxonomy().get(signature_id).patterns)
+        except Exception:
+            return ()
+
+    def _prepare_resume(self, attempt: int, diagnosis: Diagnosis) -> None:
+        """What the next attempt's ranks find in their environment (DiagLogsSpecs adds it)."""
+        specs = self._logs_specs
+        if not isinstance(specs, DiagLogsSpecs):
+            return
+        latest = controls.latest_checkpoint(self._session.config.checkpoint_dir)
+        specs.extra_env = {
+            ENV_RESUME_FROM: str(latest) if latest is not None else "",
+            ENV_PREVIOUS_DIAGNOSIS: diagnosis_id(self._session.run_id, attempt, diagnosis),
+        }
+
+    def _verdict_from_failures(self, worker_group: WorkerGroup, result: RunResult) -> None:
+        """No live capture this attempt: the verdict from exit codes and error files only."""
+        restart_count = worker_group.spec.max_restarts - self._remaining_restarts
+        evidence = evidence_from_failures(restart_count, result.failures, worker_group, self._node)
+        self._session.note(f"attempt {restart_count}: verdict from exit codes only (no evidence folder)")
+        self._session.record_attempt(evidence, classify_attempt(evidence), status="failed", final=True)
+
+
+def rendezvous_context(handler: Any, node: str) -> dict[str, Any]:
+    """What a rendezvous that timed out knew: the nodes that joined, how many it needed, the timeout.
+    Read from torch's dynamic rendezvous (private state, so every field is optional)."""
+    out: dict[str, Any] = {"this_node": node}
+    settings = getattr(handler, "_settings", None)
+    if settings is not None:
+        out["min_nodes"], out["max_nodes"] = getattr(settings, "min_nodes", None), getattr(settings, "max_nodes", None)
+        timeout = getattr(settings, "timeout", None)
+        join = getattr(timeout, "join", None)
+        out["join_timeout_s"] = join.total_seconds() if join is not None else None
+    try:
+        holder = handler._state_holder
+        holder.sync()
+        state = holder.state
+        joined = list(state.participants) + list(getattr(state, "wait_list", ()))
+        names = {f"{d.addr} (pid {d.pid})" for d in joined}
+    except Exception as e:
+        out["joined_error"] = f"{type(e).__name__}: {e}"
+        names = set()
+    # this agent was waiting in the rendezvous (torch drops it from the state when its join times out)
+    if not any(n.startswith(f"{node} (pid {os.getpid()})") for n in names):
+        names.add(f"{node} (pid {os.getpid()}, this node)")
+    out["joined"] = sorted(names)
+    return out
+
+
+def _slug(text: str) -> str:
+    return "".join(c if c.isalnum() else "_" for c in text)[:40] or "control"
+
+
+def diagnosis_id(run_id: str, attempt: int, diagnosis: Diagnosis) -> str:
+    """``<run>/attempt_0/python-exception/rank2``: names a verdict in the previous attempt's report."""
+    what = diagnosis.signature_id or diagnosis.failure_class
+    rank = f"rank{diagnosis.initiating_rank}" if diagnosis.initiating_rank is not None else "rank?"
+    return f"{run_id or 'run'}/attempt_{attempt}/{what}/{rank}"
+
+
+def outcome_of(
+    attempt: int, diagnosis: Diagnosis, evidence: AttemptEvidence | None, ckpt: Path | None
+) -> AttemptOutcome:
+    location = None
+    own_retryable = False
+    if evidence is not None and diagnosis.initiating_rank is not None:
+        ev = next((r for r in evidence.ranks if r.rank == diagnosis.initiating_rank), None)
+        location = ev.location() if ev is not None else None
+        own_retryable = ev is not None and retryable_own_failure(ev, load_taxonomy()) is not None
+    return AttemptOutcome(
+        attempt=attempt,
+        failure_class=diagnosis.failure_class,
+        signature_id=diagnosis.signature_id,
+        initiating_rank=diagnosis.initiating_rank,
+        exception_type=diagnosis.exception_type,
+        location=location,
+        retryable=diagnosis.retryable,
+        checkpoint=controls.checkpoint_identity(ckpt),
+        own_retryable=own_retryable,
+    )
+
+
+def evidence_from_failures(
+    attempt: int, failures: dict[int, ProcessFailure], worker_group: WorkerGroup, node: str
+) -> AttemptEvidence:
+    """Evidence from torch's own failure records. Ranks torch SIGTERMed/SIGKILLed while another rank
+    had failed by itself count as stopped by the launcher; ranks absent from the list succeeded."""
+    by_signal = (-signal.SIGTERM, -signal.SIGKILL)
+    others_failed = any(f.exitcode not in by_signal for f in failures.values())
+    ranks = []
+    for w in worker_group.workers:
+        f = failures.get(w.global_rank)
+        if f is None:
+            ranks.append(RankEvidence(rank=w.global_rank, local_rank=w.local_rank, node=node, exit_code=0))
+            continue
+        stopped = others_failed and f.exitcode in by_signal
+        error_file = Path(f.error_file)
+        ranks.append(
+            RankEvidence(
+                rank=w.global_rank,
+                local_rank=w.local_rank,
+                node=node,
+                pid=f.pid,
+                exit_code=f.exitcode,
+                exit_time=float(f.timestamp),
+                alive_at_decision=stopped,
+                stopped_by_agent=stopped,
+                exception=read_exception(error_file.parent) if error_file.is_file() else None,
+            )
+        )
+    return AttemptEvidence(attempt=attempt, ranks=tuple(ranks))

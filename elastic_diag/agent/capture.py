@@ -1,0 +1,433 @@
+"""AttemptCapture: the evidence of one attempt of the local worker group, taken BEFORE torch tears the
+group down.
+
+torch's ``_monitor_workers`` polls the ranks and, in the same call, SIGTERMs every live rank the
+moment one has failed (multiprocessing/api.py, ``SubprocessContext._poll``). So the agent asks the
+capture first, while every rank that is still alive is still alive:
+
+1. exit watchers (one thread per rank, ``os.waitid(..., WNOWAIT)``: they see the exit the instant
+   it happens, with a sub-millisecond time, and never reap, so Popen still gets the status);
+2. on the first failure, a bounded grace for the other ranks to exit on their own (a rank that
+   times out waiting for a dead peer exits within it; the grace ends as soon as all have exited);
+3. the stacks of the ranks still alive (:mod:`elastic_diag.agent.dumps`);
+4. the verdict (:mod:`elastic_diag.core.classify`) and report.json on disk;
+5. after torch's teardown, the verdict refined with the final exit codes (and merged with the other
+   nodes' records), and torch's failure list corrected so that its "Root Cause (first observed
+   failure)" and the launcher's error file name the initiating rank.
+
+The processes, the clock and the sleep are injected: the decisions are unit-tested with fake
+processes and a fake clock.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import threading
+import time
+from dataclasses import dataclass
+from subprocess import Popen
+from typing import Any
+
+from torch.distributed.elastic.agent.server.api import RunResult, WorkerState
+from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
+
+from elastic_diag.agent.clock import Clock, Sleep
+from elastic_diag.agent.cluster import Cluster
+from elastic_diag.agent.dumps import POLL_S, native_stacks_of, request_dumps
+from elastic_diag.agent.health import HangAlarm, HealthMonitor
+from elastic_diag.agent.tailer import StreamTailer
+from elastic_diag.config import DiagConfig
+from elastic_diag.core.classify import Diagnosis, classify_attempt, straggler_warnings
+from elastic_diag.core.evidence import AttemptEvidence, RankEvidence, as_seconds, parse_stack_dump
+from elastic_diag.core.merge import diagnosis_from_json, merge, record_of
+from elastic_diag.layout import (
+    EXCEPTION_FILE,
+    NONFINITE_FILE,
+    PROGRESS_FILE,
+    ROOT_CAUSE_FILE,
+    STDERR_FILE,
+    STDOUT_FILE,
+    WORKER_FILE,
+    AttemptLayout,
+    RankLayout,
+    read_exception,
+    read_flight_record,
+    read_json,
+    read_progress,
+    read_tail,
+    read_thread_exception,
+)
+from elastic_diag.report.session import DiagSession
+
+
+class ExitWatcher:
+    """Records the exact time each worker process exits, without reaping it."""
+
+    def __init__(self, pids: dict[int, int], clock: Clock = time.time) -> None:
+        self._clock = clock
+        self.exit_times: dict[int, float] = {}
+        self._lock = threading.Lock()
+        for key, pid in pids.items():
+            t = threading.Thread(target=self._watch, args=(key, pid), name=f"elastic-diag-exit-{key}", daemon=True)
+            t.start()
+
+    def _watch(self, key: int, pid: int) -> None:
+        try:
+            os.waitid(os.P_PID, pid, os.WEXITED | os.WNOWAIT)
+        except ChildProcessError:
+            return  # already reaped by Popen.poll(); the poller's time is used instead
+        except OSError:
+            return
+        with self._lock:
+            self.exit_times.setdefault(key, self._clock())
+
+    def time_of(self, key: int) -> float | None:
+        with self._lock:
+            return self.exit_times.get(key)
+
+    def exited(self) -> set[int]:
+        with self._lock:
+            return set(self.exit_times)
+
+
+@dataclass(slots=True)
+class Worker:
+    rank: int
+    local_rank: int
+    proc: Popen[bytes]
+    layout: RankLayout
+
+
+class AttemptCapture:
+    """The evidence of one attempt of the local worker group."""
+
+    def __init__(
+        self,
+        *,
+        attempt: AttemptLayout,
+        workers: list[Worker],
+        node: str,
+        config: DiagConfig,
+        session: DiagSession,
+        clock: Clock = time.time,
+        sleep: Sleep = time.sleep,
+        cluster: Cluster | None = None,
+    ) -> None:
+        self.attempt = attempt
+        self.cluster = cluster
+        self.workers = {w.local_rank: w for w in workers}
+        self.node = node
+        self.config = config
+        self.session = session
+        self._clock = clock
+        self._sleep = sleep
+        self.watcher = ExitWatcher({w.local_rank: w.proc.pid for w in workers}, clock)
+        self.poll_times: dict[int, float] = {}
+        self.decided = False
+        self.decided_at: float | None = None
+        self.finished = False
+        self.alive_at_decision: set[int] = set()
+        self.problems: list[str] = []
+        self.final_evidence: AttemptEvidence | None = None
+        self.stacks: dict[int, str] = {}
+        self.diagnosis: Diagnosis | None = None
+        self.hang: HangAlarm | None = None
+        self.missing_evidence: list[str] = []
+        # every rank's output read as it grows, each line stamped: the first error a rank printed of its
+        # own is when its failure began, even if it re-raised only after seconds of cleanup
+        self.tailer = StreamTailer({w.local_rank: w.layout.dir for w in workers}, clock=clock)
+        self.tailer.start()
+        self.health: HealthMonitor | None = None
+        if config.hang_timeout_s != 0:
+            files = {w.local_rank: w.layout.path(PROGRESS_FILE) for w in workers}
+            self.health = HealthMonitor(files, config.hang_timeout_s, exited=self.watcher.exited)
+            self.health.start()
+
+    # -- polling ----------------------------------------------------------------------------------
+    def _poll(self) -> dict[int, int | None]:
+        codes = {}
+        for lr, w in self.workers.items():
+            code = w.proc.poll()  # Popen's own bookkeeping; torch's later poll() sees the same code
+            if code is not None and lr not in self.poll_times:
+                self.poll_times[lr] = self._clock()
+            codes[lr] = code
+        return codes
+
+    def exit_time(self, lr: int) -> float | None:
+        return self.watcher.time_of(lr) or self.poll_times.get(lr)
+
+    def _dying(self, lr: int) -> bool:
+        """The rank's excepthook has recorded an uncaught exception: it is on its way out."""
+        return self.workers[lr].layout.path(EXCEPTION_FILE).exists()
+
+    def has_failure(self) -> bool:
+        """A rank exited non-zero, or recorded an uncaught exception (its exit can take seconds)."""
+        codes = self._poll()
+        return any(c not in (None, 0) for c in codes.values()) or any(
+            self._dying(lr) for lr, c in codes.items() if c is None
+        )
+
+    def _waiting_for(self, codes: dict[int, int | None]) -> set[int]:
+        return {lr for lr, c in codes.items() if c is None and not self._dying(lr)}
+
+    # -- the capture before teardown ---------------------------------------------------------------
+    def decide(self) -> Diagnosis:
+        """Grace, stacks of live ranks, verdict on disk; all before torch's teardown.
+
+        The grace ends when every rank has exited or recorded its own uncaught exception; the
+        stacks are taken of the ranks alive with neither (they are where the story is).
+        """
+        deadline = time.monotonic() + self.config.grace_s
+        codes = self._poll()
+        while self._waiting_for(codes) and time.monotonic() < deadline:
+            self._sleep(POLL_S)
+            codes = self._poll()
+        alive = {lr for lr, c in codes.items() if c is None}
+        self.alive_at_decision = alive
+        self.decided_at = self._clock()
+        silent = self._waiting_for(codes)  # alive with no exception of their own: where are they?
+        if silent:  # their stacks and flight recorders (the beacon; the faulthandler signal if it is silent)
+            targets = {lr: (self.workers[lr].proc.pid, self.workers[lr].layout) for lr in silent}
+            request = f"failure-{self.attempt.attempt}-{self.decided_at:.6f}"
+            self.stacks, _ = request_dumps(targets, self.config.stack_timeout_s, request, sleep=self._sleep)
+        self.decided = True
+        evidence = self.evidence(final=False)
+        self.diagnosis = classify_attempt(evidence)
+        self.session.record_attempt(evidence, self.diagnosis, status="failed", final=False)
+        return self.diagnosis
+
+    def hang_alarm(self) -> HangAlarm | None:
+        return self.health.alarm if self.health is not None else None
+
+    def decide_hang(self, alarm: HangAlarm) -> Diagnosis:
+        """No rank progressed for the threshold: every rank's stacks and flight recorder (all before
+        any kill), the verdict on disk, then the group is stopped (the agent lives on)."""
+        self.hang = alarm
+        codes = self._poll()
+        alive = {lr for lr, c in codes.items() if c is None}
+        self.alive_at_decision = alive
+        self.decided_at = self._clock()
+        targets = {lr: (self.workers[lr].proc.pid, self.workers[lr].layout) for lr in alive}
+        timeout = max(self.config.stack_timeout_s, 1.0)
+        self.stacks, answered = request_dumps(targets, timeout, f"hang-{self.attempt.attempt}-{self.decided_at:.6f}",
+                                              sleep=self._sleep)  # fmt: skip
+        for lr in sorted(alive - answered):
+            self.missing_evidence.append(
+                f"rank {self.workers[lr].rank}: its beacon did not answer the dump request within {timeout:.1f} s "
+                "(stack from the faulthandler signal, no fresh flight-recorder dump)"
+            )
+        native_stacks_of([(self.workers[lr].proc.pid, self.workers[lr].layout.dir) for lr in sorted(alive)])
+        self.decided = True
+        evidence = self.evidence(final=False)
+        self.diagnosis = classify_attempt(evidence)
+        self.session.record_attempt(evidence, self.diagnosis, status="failed", final=False)
+        self.stop_group()
+        return self.diagnosis
+
+    def stop_group(self) -> None:
+        """SIGTERM every live rank; torch's own monitor then sees the exits and tears down the rest."""
+        for lr, code in self._poll().items():  # the capture's own poll: it records each exit's time
+            if code is None:
+                with contextlib.suppress(OSError):
+                    os.kill(self.workers[lr].proc.pid, signal.SIGTERM)
+        deadline = time.monotonic() + 5.0
+        while time.monotonic() < deadline and None in self._poll().values():
+            self._sleep(POLL_S)
+
+    def evidence(self, *, final: bool) -> AttemptEvidence:
+        codes = self._poll()
+        try:
+            self.tailer.poll(final=final)  # catch up with what the ranks printed until now
+        except Exception as e:
+            self.session.internal_error("reading the ranks' output", e)
+        stopped: set[int] = set()
+        alive_at_decision = set(self.alive_at_decision)
+        if final and not self.decided:
+            # torch saw the failure before we did: ranks it killed are the SIGTERM/SIGKILL exits
+            # that came after the first failure.
+            failures = [self.exit_time(lr) for lr, c in codes.items() if c not in (None, 0)]
+            first = min((t for t in failures if t is not None), default=None)
+            for lr, c in codes.items():
+                t = self.exit_time(lr)
+                if c in (-signal.SIGTERM, -signal.SIGKILL) and first is not None and t is not None and t > first:
+                    alive_at_decision.add(lr)
+        if final:  # the launcher's teardown ends a rank with SIGTERM, or SIGKILL after its deadline
+            stopped = {lr for lr in alive_at_decision if codes.get(lr) in (-signal.SIGTERM, -signal.SIGKILL)}
+        ranks = []
+        problems: list[str] = []
+        came_up: bool | None = None
+        for lr, w in sorted(self.workers.items()):
+            info = read_json(w.layout.path(WORKER_FILE)) or {}
+            record, problem = read_flight_record(w.layout.dir, w.rank)
+            if problem:
+                problems.append(problem)
+            progress = read_progress(w.layout.path(PROGRESS_FILE)) or {}
+            durations = tuple(float(d) for d in progress.get("step_durations") or () if isinstance(d, int | float))
+            if progress:
+                came_up = bool(came_up) or _completed_a_collective(progress) or bool(record and record.groups)
+            stack_text = self.stacks.get(lr, "")
+            start = info.get("start_time")
+            ranks.append(
+                RankEvidence(
+                    rank=w.rank,
+                    local_rank=lr,
+                    node=self.node,
+                    pid=w.proc.pid,
+                    exit_code=codes[lr],
+                    exit_time=self.exit_time(lr),
+                    start_time=float(start) if isinstance(start, int | float) else None,
+                    alive_at_decision=lr in alive_at_decision,
+                    stopped_by_agent=lr in stopped,
+                    exception=read_exception(w.layout.dir),
+                    stderr_tail=read_tail(w.layout.path(STDERR_FILE), self.config.tail_lines),
+                    stdout_tail=read_tail(w.layout.path(STDOUT_FILE), 10),
+                    stack=parse_stack_dump(stack_text) if stack_text else None,
+                    evidence_dir=str(w.layout.dir),
+                    flight_record=record,
+                    nonfinite=read_json(w.layout.path(NONFINITE_FILE)),
+                    step_durations=durations,
+                    progress_time=as_seconds(progress.get("progress_time")),
+                    steps=int(progress["steps"]) if isinstance(progress.get("steps"), int) else None,
+                    error_line=self.tailer.first_error(lr),
+                    thread_exception=read_thread_exception(w.layout.dir),
+                )
+            )
+        problems.extend(self.tailer.problems)
+        problems.extend(evidence_gaps(ranks, self.tailer))
+        self.problems = [*self.missing_evidence, *problems]
+        return AttemptEvidence(
+            attempt=self.attempt.attempt,
+            ranks=tuple(ranks),
+            run_id=self.session.run_id,
+            decided_at=self.decided_at,
+            hang=self.hang.to_json() if self.hang is not None else None,
+            came_up=came_up,
+        )
+
+    def finish(self, result: RunResult) -> RunResult:
+        """After torch's teardown: final verdict and report, and torch's failure list corrected."""
+        self.finished = True
+        if self.health is not None:
+            self.health.stop()
+        self.tailer.stop()
+        status = "succeeded" if result.state == WorkerState.SUCCEEDED else "failed"
+        evidence = self.evidence(final=True)
+        self.final_evidence = evidence
+        diagnosis = classify_attempt(evidence)
+        self.diagnosis = diagnosis
+        for problem in self.problems:
+            self.session.note(f"attempt {self.attempt.attempt}: missing evidence: {problem}")
+        for warning in straggler_warnings(evidence):
+            self.session.warnings.append(warning)
+        self.session.record_attempt(evidence, diagnosis, status=status, final=True)
+        if self.cluster is not None and status == "failed":
+            try:
+                diagnosis = self._global_verdict(evidence, diagnosis, status)
+            except Exception as e:
+                self.session.internal_error("merging the other nodes' records (the local verdict stands)", e)
+        if status == "failed" and diagnosis.initiating_rank is not None:
+            result.failures = self._corrected_failures(result.failures, evidence, diagnosis)
+        return result
+
+    def _global_verdict(self, evidence: AttemptEvidence, local: Diagnosis, status: str) -> Diagnosis:
+        """One verdict for all nodes: every agent publishes its record; the agent of group rank 0 reads
+        them all (bounded), merges, and publishes the verdict (one key) and each node's roles (one key
+        per node); the others read those two keys. O(nodes) keys per failure. If the leader's verdict
+        does not come, an agent merges the records itself."""
+        c = self.cluster
+        assert c is not None
+        n = self.attempt.attempt
+        c.exchange.publish(n, c.group_rank, record_of(evidence, node=self.node, group_rank=c.group_rank,
+                                                            offset=c.offset))  # fmt: skip
+        info: dict[str, Any] = {"clock_offset_s": round(c.offset, 6), "local_diagnosis": local.to_json()}
+        if c.group_rank != 0:
+            verdict = c.exchange.verdict(n, c.group_rank, self.config.grace_s + 25.0, offset=c.offset)
+            if verdict is not None:
+                diagnosis = diagnosis_from_json(verdict["diagnosis"], verdict["roles"])
+                info.update(decided_by="group rank 0", nodes=verdict.get("nodes"),
+                            missing_group_ranks=verdict.get("missing"), store_bytes_sent=c.exchange.bytes_sent,
+                            store_bytes_read=c.exchange.bytes_read)  # fmt: skip
+                self.session.record_attempt(evidence, diagnosis, status=status, final=True, cluster=info)
+                c.exchange.done(n, c.group_rank)
+                return diagnosis
+            self.session.note(f"attempt {n}: no verdict from group rank 0; merged the nodes' records here")
+        records, problems = c.exchange.records(n, c.world, self.config.grace_s + 15.0, offset=c.offset)
+        hellos = c.exchange.hellos(c.world, 2.0)
+        merged = merge(n, records, c.world, hellos, problems)
+        for p in merged.problems:
+            self.session.note(f"attempt {n}: {p}")
+        if len(records) <= 1 and not merged.missing:
+            return local
+        if c.group_rank == 0:
+            c.exchange.publish_verdict(n, merged, hellos)
+        info.update(decided_by=f"group rank {c.group_rank}", nodes=merged.nodes, missing_group_ranks=merged.missing,
+                    store_bytes_sent=c.exchange.bytes_sent, store_bytes_read=c.exchange.bytes_read)  # fmt: skip
+        self.session.record_attempt(merged.evidence, merged.diagnosis, status=status, final=True, cluster=info)
+        # the leader hosts the store: it stays until every node has read the verdict (bounded)
+        c.exchange.done(n, c.group_rank)
+        if c.group_rank == 0:
+            c.exchange.wait_done(n, sorted(records), 10.0)  # not for nodes that are gone
+        return merged.diagnosis
+
+    def _corrected_failures(
+        self, failures: dict[int, ProcessFailure], evidence: AttemptEvidence, diagnosis: Diagnosis
+    ) -> dict[int, ProcessFailure]:
+        root = diagnosis.initiating_rank
+        if root not in failures:
+            return failures
+        old = failures[root]
+        ev = next(r for r in evidence.ranks if r.rank == root)
+        earliest = min(f.timestamp for f in failures.values())
+        detail = [f"elastic_diag: rank {root} is the initiating rank ({diagnosis.failure_class}).", diagnosis.summary]
+        if ev.exception is not None and ev.exception.traceback:
+            detail.append(ev.exception.traceback.rstrip())
+        elif ev.stack is not None:
+            detail.append("Its stack when the launcher took the verdict:")
+            detail.append(ev.stack.text.rstrip()[:8000])
+        else:
+            detail.append("Last lines of its stderr:")
+            detail.extend(f"  {line}" for line in ev.stderr_tail[-15:])
+        detail.append(f"Evidence: {self.session.config.diag_dir}")
+        root_file = self.workers[old.local_rank].layout.path(ROOT_CAUSE_FILE)
+        data: dict[str, Any] = {
+            "message": {
+                "message": diagnosis.summary,
+                "extraInfo": {"py_callstack": "\n".join(detail), "timestamp": str(earliest)},
+                "errorCode": old.exitcode,
+            }
+        }
+        root_file.write_text(json.dumps(data))
+        fixed = ProcessFailure(local_rank=old.local_rank, pid=old.pid, exitcode=old.exitcode, error_file=str(root_file))
+        ordered = {root: fixed}
+        ordered.update((r, f) for r, f in failures.items() if r != root)
+        return ordered
+
+
+def evidence_gaps(ranks: list[RankEvidence], tailer: StreamTailer) -> list[str]:
+    """What could not be recorded about the ranks, said in the report (nothing is silently lost)."""
+    gaps: list[str] = []
+    for ev in ranks:
+        if ev.exception is not None:
+            gaps.extend(f"rank {ev.rank}: its exception record: {p}" for p in ev.exception.problems)
+        printed = ev.error_line.exception if ev.error_line is not None else None
+        if ev.failed and not ev.stopped_by_agent and ev.exception is None and printed is not None:
+            gaps.append(f"rank {ev.rank}: no exception record although it printed {printed.type} (the script "
+                        "replaced sys.excepthook, or printed the error and exited): read from its output")  # fmt: skip
+        skipped = tailer.skipped_bytes(ev.local_rank)
+        if skipped:
+            gaps.append(f"rank {ev.rank}: {skipped} bytes of its output went unread for errors (it printed faster "
+                        "than the line clock reads); the end of each stream was read")  # fmt: skip
+    return gaps
+
+
+def _completed_a_collective(progress: dict[str, Any]) -> bool:
+    for status in (progress.get("pg_status") or {}).values():
+        try:
+            if int(status.get("last_completed_collective", -1)) >= 1:
+                return True
+        except (AttributeError, TypeError, ValueError):
+            continue
+    return bool(progress.get("steps"))

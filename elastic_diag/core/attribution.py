@@ -1,0 +1,808 @@
+"""Attribution: which rank failed first, and why, as an ordered tuple of named rules.
+
+Each rule takes the attempt's :class:`Context` (the evidence, every rank's
+:class:`~elastic_diag.findings.RankFinding`, the comparison of the flight recorders, the ranks named
+by their peers' lines) and returns a :class:`~elastic_diag.verdict.Diagnosis` or None. The first
+rule that returns one decides, and the verdict names it (``Diagnosis.rule``). The order is the
+product's contract (docs/attribution.md, where each rule has the scenario that exercises it):
+
+1. ``all_succeeded``: every rank exited 0.
+2. ``nonfinite_first``: a rank's own loss went non-finite first (the beacon saw it backpropagated),
+   and no rank failed on its own before that.
+3. ``same_failure_everywhere``: every rank failed on its own, the same way (an import error, a bad
+   config, a missing file): no rank is picked, ``all_ranks`` is true.
+4. ``own_failure_first``: the rank whose own failure began first: its own exception, fatal signal
+   or exit, or the error it printed before cleaning up. The strongest evidence there is: every rule
+   below is an inference and applies only when no rank failed on its own.
+5. ``named_in_exception``: every rank raised a framework's wrapper exception that names the rank
+   that failed (torch.distributed.checkpoint's ``CheckpointException ranks:dict_keys([2])``); the
+   class is the inner error's.
+6. ``schedule_parted``: the flight recorders show one rank issuing a different collective
+   (``collective_desync``) or the same one with other sizes (``collective_mismatch``).
+7. ``named_by_peers``: the peers' lines name a rank (monitoredBarrier, NCCL's desync report).
+8. ``missing_from_collective``: the peers entered a collective that one rank never entered.
+9. ``hang_alarm``: the health monitor's alarm names a rank past its own watch timeout.
+10. ``alive_outside_collective``: a rank was alive outside any collective while its peers waited.
+11. ``odd_location``: every failure is a symptom, and one rank's code was somewhere else than all
+    its peers' (who agree).
+12. ``only_rank_without_error``: the one rank that neither failed nor reported a timeout.
+13. ``exited_while_peers_waited``: the one rank that exited 0 while its peers waited for it.
+14. ``schedules_disagree``: the flight recorders disagree at a collective with no majority (two
+    ranks, one against one): both sides, no rank named.
+15. ``no_rank_named``: the evidence names no rank; the summary says why.
+
+Pure: no torch, no I/O, no clock.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+
+from elastic_diag.core.evidence import AttemptEvidence, RankEvidence
+from elastic_diag.core.findings import RankFinding
+from elastic_diag.core.flight_recorder import Finding
+from elastic_diag.core.taxonomy import Signature, Taxonomy
+from elastic_diag.core.verdict import MAX_EVIDENCE_LINES, Diagnosis, format_ranks, ranks_phrase, were
+
+NAN_TOGETHER_S = 30.0
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Context:
+    """What every rule sees of one attempt."""
+
+    evidence: AttemptEvidence
+    findings: dict[int, RankFinding]
+    taxonomy: Taxonomy
+    schedule: Finding | None  # where the flight recorders' schedules part, if they do
+    votes: dict[int, list[tuple[Signature, str]]]  # ranks named by their peers' lines (and extra checks)
+    own: tuple[RankFinding, ...]  # ranks that failed on their own, the earliest first
+    symptoms: tuple[RankFinding, ...]  # ranks that failed with a peer's symptom, the earliest first
+    alive: tuple[RankFinding, ...]  # alive or stopped at the verdict, with no failure of their own
+    failing: bool  # a rank failed, the health monitor raised an alarm, or offline records compare
+
+    def ev(self, rank: int) -> RankEvidence:
+        return next(e for e in self.evidence.ranks if e.rank == rank)
+
+
+Rule = Callable[[Context], Diagnosis | None]
+
+
+def _order(f: RankFinding) -> tuple[float, int]:
+    return (f.time if f.time is not None else float("inf"), f.rank)
+
+
+def build_context(
+    evidence: AttemptEvidence,
+    findings: dict[int, RankFinding],
+    taxonomy: Taxonomy,
+    schedule: Finding | None,
+    extra_votes: list[tuple[int, Signature, str]] | None = None,
+) -> Context:
+    failed = [f for f in findings.values() if f.state == "failed"]
+    offline_records = schedule is not None and all(f.state != "succeeded" for f in findings.values())
+    votes: dict[int, list[tuple[Signature, str]]] = {}
+    for f in findings.values():
+        for r, vote_sig, line in f.named:
+            if r != f.rank and r in findings and not vote_sig.wraps:
+                votes.setdefault(r, []).append((vote_sig, line))
+    for r, vote_sig, line in extra_votes or ():
+        if r in findings:
+            votes.setdefault(r, []).append((vote_sig, line))
+    return Context(
+        evidence=evidence,
+        findings=findings,
+        taxonomy=taxonomy,
+        schedule=schedule,
+        votes=votes,
+        own=tuple(sorted((f for f in findings.values() if f.own), key=_order)),
+        symptoms=tuple(sorted((f for f in failed if not f.own and f.hint == "collateral"), key=_order)),
+        alive=tuple(
+            f for f in findings.values() if f.state in ("alive", "stopped") and not f.own and f.hint != "collateral"
+        ),  # fmt: skip
+        failing=bool(failed) or evidence.hang is not None or offline_records or any(f.own for f in findings.values()),
+    )
+
+
+def attribute(ctx: Context, rules: tuple[Rule, ...] | None = None) -> Diagnosis:
+    """The verdict of the first rule that gives one, named in ``rule``."""
+    for rule in rules or RULES:
+        verdict = rule(ctx)
+        if verdict is not None:
+            return replace(verdict, rule=rule.__name__)
+    raise AssertionError("no_rank_named always decides")  # pragma: no cover
+
+
+# --- the rules, in the order they are tried -----------------------------------------------------
+
+
+def all_succeeded(ctx: Context) -> Diagnosis | None:
+    """Every rank exited 0."""
+    if ctx.failing or not all(f.state == "succeeded" for f in ctx.findings.values()):
+        return None
+    return Diagnosis(failure_class="healthy", summary="All ranks finished successfully.",
+                     roles={r: "healthy" for r in ctx.findings})  # fmt: skip
+
+
+def nonfinite_first(ctx: Context) -> Diagnosis | None:
+    """The rank whose own loss went non-finite first (by backward count, then time), when no rank
+    failed on its own before that (a non-finite loss fails a job only where something checks it)."""
+    if not ctx.failing:
+        return None
+    marks = []
+    for ev in ctx.evidence.ranks:
+        nf = ev.nonfinite
+        if isinstance(nf, dict) and isinstance(nf.get("backward"), int):
+            t = nf.get("time")
+            marks.append((nf["backward"], t if isinstance(t, int | float) else float("inf"), ev.rank))
+    if not marks:
+        return None
+    marks.sort()
+    first = [m for m in marks if m[0] == marks[0][0]]
+    if len(first) > 1 and len(first) == len(ctx.evidence.ranks):
+        return None  # every rank's own loss went non-finite at the same step: no rank to name
+    backward, t_first, rank = marks[0]
+    earlier = [f for f in ctx.own if f.failure_class != "nan_inf" and f.time is not None and f.time < t_first]
+    if earlier:
+        return None
+    ev = ctx.ev(rank)
+    sig = ctx.taxonomy.get("nan-inf-loss")
+    roles = _roles_around(rank, ctx.findings)
+    nf = ev.nonfinite or {}
+    summary = (
+        f"Rank {rank}{_on(ev)} backpropagated a non-finite loss first (its backward #{backward}, at "
+        f"{nf.get('where')}); the averaged gradients then carried it to every rank."
+    )
+    if marks[1:]:
+        summary += " Ranks " + format_ranks([m[2] for m in marks[1:]]) + " had a non-finite loss only later."
+    collateral = sorted(r for r, role in roles.items() if role == "collateral")
+    if collateral:
+        summary += f" {ranks_phrase(collateral)} then failed on the non-finite values."
+    lines = [f"rank {rank}: loss.backward() on a non-finite loss (backward #{backward}) at {nf.get('where')}"]
+    lines.extend(f"rank {f.rank}: {f.lines[0]}" for f in ctx.findings.values() if f.rank != rank and f.lines)
+    return _named(sig, "nan_inf", ev, summary, lines, roles,
+                  exception_type=ev.exception.type if ev.exception else None)  # fmt: skip
+
+
+def same_failure_everywhere(ctx: Context) -> Diagnosis | None:
+    """Every rank failed on its own, the same way: the job's code or configuration, not one rank."""
+    findings = list(ctx.findings.values())
+    if len(findings) < 2 or not all(f.own for f in findings):
+        return None
+    stories = {f.story() for f in findings}
+    if len(stories) != 1:
+        return None
+    first = ctx.own[0]
+    if first.failure_class == "nan_inf":
+        return None  # every rank sees the all-reduced non-finite values: own_failure_first says so, with the remedy
+    sig = first.signature
+    exc = first.exception
+    what = exc.last_line.splitlines()[0] if exc is not None and exc.last_line else (first.lines[0] if first.lines else
+                                                                                     first.failure_class)  # fmt: skip
+    loc = exc.location() if exc is not None else None
+    ranks = sorted(ctx.findings)
+    summary = (
+        f"Every rank failed the same way ({ranks_phrase(ranks).lower()}): {what[:300]}"
+        + (f" at {loc}" if loc else "")
+        + ". No rank is to blame before the others: the cause is the job's code, configuration or input, "
+        "the same on every rank."
+    )
+    lines = list(first.lines[:3]) + [
+        f"rank {f.rank}: {f.lines[0]}" for f in sorted(findings, key=lambda f: f.rank)[:4] if f.lines
+    ]
+    return Diagnosis(
+        failure_class=first.failure_class,
+        exception_type=exc.type if exc is not None else None,
+        signature_id=sig.id if sig else None,
+        summary=summary,
+        evidence=tuple(dict.fromkeys(lines))[:MAX_EVIDENCE_LINES],
+        fix=sig.fix if sig else None,
+        verify=sig.verify if sig else None,
+        roles={r: "initiating" for r in ctx.findings},
+        retryable=sig.retryable if sig else None,
+        all_ranks=True,
+    )
+
+
+def own_failure_first(ctx: Context) -> Diagnosis | None:
+    """The rank whose own failure began first."""
+    if not ctx.own:
+        return None
+    first = ctx.own[0]
+    if first.failure_class == "rendezvous_timeout" and first.state == "failed":
+        return _unattributed(
+            first.signature,
+            "rendezvous_timeout",
+            "The rendezvous did not complete: ranks are assigned only after it does, so no rank can be named; "
+            "the missing node(s) are the cause.",
+            first.lines,
+            {r: "unknown" for r in ctx.findings},
+        )
+    together = [f for f in ctx.own[1:] if f.signature is first.signature and first.failure_class == "nan_inf"
+                and (f.time is None or first.time is None or abs(f.time - first.time) < NAN_TOGETHER_S)]  # fmt: skip
+    if together:
+        return _unattributed(
+            first.signature,
+            "nan_inf",
+            f"Ranks {format_ranks(sorted([first.rank] + [f.rank for f in together]))} became non-finite "
+            "together (the check is all-reduced); these logs do not show whose LOCAL loss or gradients went "
+            "non-finite first. Log each rank's local loss before the all_reduce to name it.",
+            first.lines,
+            {r: "unknown" for r in ctx.findings},
+        )
+    return _rank_verdict(ctx, first, "failed first on its own")
+
+
+_RANK_IN_TEXT = re.compile(r"\(RANK (?P<rank>\d+)\)")
+_INNER_EXC = re.compile(r"^(?P<type>[A-Za-z_][\w.]*(?:Error|Exception|Exit|Interrupt))(?::|$)")
+
+
+def named_in_exception(ctx: Context) -> Diagnosis | None:
+    """A framework's wrapper exception names the failing rank(s); the class is the inner error's."""
+    named: dict[int, list[tuple[RankFinding, Signature, str]]] = {}
+    for f in ctx.findings.values():
+        for r, sig, line in f.named:
+            if sig.wraps:
+                named.setdefault(r, []).append((f, sig, line))
+    if not named:
+        return None
+    rank = max(named, key=lambda r: (len({f.rank for f, _s, _l in named[r]}), -r))
+    wrapper = named[rank][0][1]
+    line = named[rank][0][2].splitlines()[0]  # the wrapper's own line, not the tracebacks it quotes
+    inner, inner_line, inner_type = _inner_error(ctx, rank)
+    sig = inner or wrapper
+    if len(ctx.findings) >= 2 and set(ctx.findings) <= set(named):
+        # every rank's part failed (a load of a checkpoint that is incomplete for all): no rank to name
+        what = inner_line or line
+        summary = (f"Every rank's part failed ({wrapper.title}, naming ranks {format_ranks(sorted(named))}): "
+                   f"{what[:300]}. No rank failed before the others: what they share (the checkpoint, its "
+                   "storage) is the cause.")  # fmt: skip
+        return Diagnosis(
+            failure_class=sig.failure_class, exception_type=inner_type, signature_id=sig.id, summary=summary,
+            evidence=tuple(x for x in (line[:1000], inner_line) if x), fix=sig.fix, verify=sig.verify,
+            roles={r: "initiating" for r in ctx.findings}, retryable=sig.retryable, all_ranks=True,
+        )  # fmt: skip
+    if rank not in ctx.findings:
+        return None
+    ev = ctx.ev(rank)
+    roles = {r: ("initiating" if r == rank else "collateral" if f.state == "failed" else
+                 "healthy" if f.state == "succeeded" else "stopped") for r, f in ctx.findings.items()}  # fmt: skip
+    reporters = sorted({f.rank for f, _s, _l in named[rank]})
+    what = inner_line or line
+    summary = (
+        f"Rank {rank}{_on(ev)} failed: {what[:300]}. {ranks_phrase(reporters)} raised the same wrapper exception "
+        f"({line[:160]}), naming rank {rank} as the rank whose part failed."
+    )
+    others = sorted(named)
+    if len(others) > 1:
+        summary += f" It also names rank(s) {format_ranks([r for r in others if r != rank])}."
+    lines = [line[:1000]] + ([inner_line[:1000]] if inner_line else [])
+    return _named(sig, sig.failure_class, ev, summary, lines, roles, exception_type=inner_type)
+
+
+def _inner_error(ctx: Context, rank: int) -> tuple[Signature | None, str | None, str | None]:
+    """The error a wrapper exception carries for ``rank`` (its ``(RANK n)`` section): its most specific
+    signature, its line, its exception type."""
+    texts = []
+    for ev in sorted(ctx.evidence.ranks, key=lambda e: e.rank != rank):
+        if ev.exception is not None:
+            texts.append(f"{ev.exception.message}\n{ev.exception.traceback}")
+        texts.append("\n".join(ev.stderr_tail))
+    for text in texts:
+        section = _section_of(text, rank)
+        if section is None:
+            continue
+        best: Signature | None = None
+        best_line = None
+        exc_type = None
+        for raw in section.splitlines():
+            line = raw.strip()
+            m = None if raw[:1].isspace() else _INNER_EXC.match(line)
+            for sig, _m in ctx.taxonomy.match_line(line):
+                if sig.wraps or sig.id == "python-exception" or sig.role_hint == "collateral":
+                    continue
+                if best is None or sig.priority > best.priority:
+                    best, best_line = sig, line
+            if m is not None:  # the inner traceback's last line (format_exception_only) ends it
+                exc_type, best_line = m["type"], best_line if best is not None else line
+                break
+        if exc_type is not None or best is not None:
+            return best, best_line, exc_type
+    return None, None, None
+
+
+def _section_of(text: str, rank: int) -> str | None:
+    marks = list(_RANK_IN_TEXT.finditer(text))
+    for i, m in enumerate(marks):
+        if int(m["rank"]) == rank:
+            end = marks[i + 1].start() if i + 1 < len(marks) else len(text)
+            return text[m.end() : end]
+    return None
+
+
+def schedule_parted(ctx: Context) -> Diagnosis | None:
+    """The flight recorders show one rank parting from the others' collective schedule."""
+    s = ctx.schedule
+    if not ctx.failing or s is None or s.kind not in ("desync", "mismatch") or len(s.ranks) != 1:
+        return None
+    rank = s.ranks[0]
+    ev = ctx.ev(rank)
+    if s.kind == "mismatch" and ev.flight_record is None:
+        # no record of what it issued (gloo killed it receiving): its own code tells whether it was at the
+        # same call as its peers (other sizes) or at another one (a collective they did not issue)
+        # (only when that collective is the peers' last one: they failed in it, so their code is at its call;
+        # gloo counts a failed collective as completed, so the last one entered tells, not pg_status)
+        peers = [e for e in ctx.evidence.ranks if e.rank != rank and e.rank in s.sides]
+        waiting = all(e.flight_record is not None and max(e.flight_record.groups.get(s.group) or [0]) == s.seq
+                      for e in peers)  # fmt: skip
+        mine = ev.location()
+        theirs = {e.location() for e in peers}
+        if waiting and mine is not None and len(theirs) == 1 and None not in theirs and mine not in theirs:
+            sides = {r: (v if r != rank else f"another collective, at {mine} (no record: it aborted receiving more "
+                         "bytes than its tensor holds)") for r, v in s.sides.items()}  # fmt: skip
+            s = replace(s, kind="desync", sides=sides)
+    return _schedule_verdict(ctx, s, rank)
+
+
+def named_by_peers(ctx: Context) -> Diagnosis | None:
+    """Lines of the peers name the rank that failed (monitoredBarrier, NCCL's desync report, ...)."""
+    if not ctx.votes:
+        return None
+    rank = max(ctx.votes, key=lambda r: (len(ctx.votes[r]), -r))
+    naming = max(ctx.votes[rank], key=lambda v: v[0].priority)
+    return _rank_verdict(ctx, ctx.findings[rank], f"is named by {len(ctx.votes[rank])} line(s) of its peers",
+                         naming=naming)  # fmt: skip
+
+
+def missing_from_collective(ctx: Context) -> Diagnosis | None:
+    """The peers entered a collective the rank never entered (flight recorders)."""
+    s = ctx.schedule
+    if s is None or s.kind != "missing" or len(s.ranks) != 1:
+        return None
+    f = ctx.findings[s.ranks[0]]
+    if f.in_collective and ctx.evidence.hang is None:
+        return None
+    return _rank_verdict(ctx, f, f"never entered collective #{s.seq} of process group {s.group} that its peers "
+                                 "waited in")  # fmt: skip
+
+
+def hang_alarm(ctx: Context) -> Diagnosis | None:
+    """The health monitor's alarm names the rank (past its own watch timeout)."""
+    hang = ctx.evidence.hang
+    if hang is None or (watched := hang.get("rank")) not in ctx.findings:
+        return None
+    assert isinstance(watched, int)
+    return _rank_verdict(ctx, ctx.findings[watched], "")
+
+
+def alive_outside_collective(ctx: Context) -> Diagnosis | None:
+    """A rank alive outside any collective while its peers waited (its stack)."""
+    outside = sorted((f for f in ctx.alive if f.in_collective is False), key=lambda f: f.rank)
+    return _rank_verdict(ctx, outside[0], "") if outside else None
+
+
+def odd_location(ctx: Context) -> Diagnosis | None:
+    """With every failure a symptom: the one rank whose code was somewhere else than all its peers',
+    which agree with each other (at least two of them)."""
+    where = {ev.rank: ev.location() for ev in ctx.evidence.ranks if ctx.findings[ev.rank].state != "succeeded"}
+    if len(where) < 3 or any(loc is None for loc in where.values()):
+        return None
+    counts: dict[str | None, list[int]] = {}
+    for r, loc in where.items():
+        counts.setdefault(loc, []).append(r)
+    if len(counts) != 2:
+        return None
+    small, big = sorted(counts.values(), key=len)
+    if len(small) != 1 or len(big) < 2:
+        return None
+    return _schedule_verdict(ctx, None, small[0])
+
+
+def only_rank_without_error(ctx: Context) -> Diagnosis | None:
+    """Every other rank reported a timeout or a lost peer; this one reported nothing."""
+    if not ctx.symptoms or len(ctx.alive) != 1:
+        return None
+    return _rank_verdict(ctx, ctx.alive[0], "neither failed nor reported a timeout while every other rank did")
+
+
+def exited_while_peers_waited(ctx: Context) -> Diagnosis | None:
+    """The one rank that exited 0 while its peers still waited for it in a collective."""
+    early = [f for f in ctx.findings.values() if f.state == "succeeded"]
+    if not ctx.symptoms or ctx.alive or len(early) != 1:
+        return None
+    return _rank_verdict(ctx, early[0], "exited 0 while its peers still waited for it in a collective")
+
+
+def schedules_disagree(ctx: Context) -> Diagnosis | None:
+    """The flight recorders disagree at a collective and no majority tells which side parted (two ranks,
+    or one against one): both sides, no rank named."""
+    s = ctx.schedule
+    if not ctx.failing or s is None or s.kind not in ("desync", "mismatch") or s.ranks:
+        return None
+    mismatch = s.kind == "mismatch"
+    sig = ctx.taxonomy.get("collective-mismatch" if mismatch else "collective-schedule-diverged")
+    sides = "; ".join(f"rank {r}: {v}" for r, v in sorted(s.sides.items()))
+    what = "the same collective with different sizes or dtypes" if mismatch else "different collectives"
+    summary = (
+        f"The ranks issued {what} at collective #{s.seq} of process group {s.group} ({sides}), and no majority "
+        "tells which side parted: with as many ranks on each side, the evidence cannot name one. Compare the two "
+        "sides' code at that step."
+    )
+    roles = {r: ("collateral" if f.state == "failed" else "healthy" if f.state == "succeeded" else "stopped")
+             for r, f in ctx.findings.items()}  # fmt: skip
+    return Diagnosis(
+        failure_class="collective_mismatch" if mismatch else "collective_desync",
+        signature_id=sig.id,
+        summary=summary,
+        evidence=(s.summary, *(f"rank {r}: #{s.seq} {v}" for r, v in sorted(s.sides.items())))[:MAX_EVIDENCE_LINES],
+        fix=sig.fix,
+        verify=sig.verify,
+        collateral_ranks=tuple(sorted(r for r, role in roles.items() if role == "collateral")),
+        roles=roles,
+        retryable=sig.retryable,
+        collective=_finding_json(s, ctx.evidence),
+    )
+
+
+def no_rank_named(ctx: Context) -> Diagnosis:
+    """The evidence names no rank: say so, and why."""
+    roles = _roles(ctx, None)
+    collateral_ranks = sorted(r for r, role in roles.items() if role == "collateral")
+    failed = [f for f in ctx.findings.values() if f.state == "failed"]
+    lead = ctx.symptoms[0] if ctx.symptoms else (failed[0] if failed else None)
+    # ranks that waited until their collective timed out come first: the resets and closed connections
+    # of the others follow from the exits of the ranks that timed out
+    timed_out = [f for f in ctx.symptoms if f.failure_class == "collective_timeout"]
+    if timed_out:
+        lead = timed_out[0]
+    # a rank that gloo killed for receiving more than its tensor holds proves a mismatch, whoever sent it
+    # (send/recv leave no flight record to compare)
+    received = [f for f in ctx.symptoms if f.failure_class == "collective_mismatch"]
+    if received:
+        lead = received[0]
+    no_sig = lead.signature if lead else None
+    cls = no_sig.failure_class if no_sig else "unknown"
+    if cls not in ("collective_timeout", "network_error", "collective_mismatch"):
+        cls = "collective_timeout" if ctx.symptoms else "unknown"
+    if received:
+        summary = (
+            f"{ranks_phrase([f.rank for f in received])} {were([f.rank for f in received])} killed by gloo for "
+            "receiving more bytes than {its} tensor holds: the ranks passed different sizes or dtypes to the same "
+            "send/recv or collective, but no flight record of that operation tells which side differed (gloo "
+            "records no point-to-point operation), so no rank can be named."
+        ).replace("{its}", "its" if len(received) == 1 else "their")
+    elif collateral_ranks:
+        summary = (
+            f"{ranks_phrase(collateral_ranks)} failed waiting for a peer, but the evidence names no "
+            "rank that failed first (no rank failed differently, and none was seen alive outside a "
+            "collective); the cause may be on a rank or node whose evidence is missing."
+        )
+    else:
+        summary = (
+            "The job failed, but the evidence names no rank that failed first: no rank recorded an error of its "
+            "own or a peer's symptom, and none was seen alive outside a collective."
+        )
+    waiting = tuple(line for f in ctx.symptoms[:2] for line in f.lines)
+    return _unattributed(no_sig, cls, summary, waiting, roles, tuple(collateral_ranks))
+
+
+RULES: tuple[Rule, ...] = (
+    all_succeeded,
+    nonfinite_first,
+    same_failure_everywhere,
+    own_failure_first,
+    named_in_exception,
+    schedule_parted,
+    named_by_peers,
+    missing_from_collective,
+    hang_alarm,
+    alive_outside_collective,
+    odd_location,
+    only_rank_without_error,
+    exited_while_peers_waited,
+    schedules_disagree,
+    no_rank_named,
+)
+
+
+# --- verdicts -----------------------------------------------------------------------------------
+
+
+def _on(ev: RankEvidence) -> str:
+    return f" on {ev.node}" if ev.node else ""
+
+
+def _roles(ctx: Context, initiating: int | None) -> dict[int, str]:
+    roles: dict[int, str] = {}
+    hang = ctx.evidence.hang
+    for r, f in ctx.findings.items():
+        if initiating is not None and r == initiating:
+            roles[r] = "initiating"
+        elif f.state == "succeeded":
+            roles[r] = "healthy"
+        elif f.state == "failed" and f.hint == "collateral" and not f.own:
+            roles[r] = "collateral"
+        elif f.state in ("alive", "stopped"):
+            # after a hang alarm, a rank stopped while it waited inside a collective waited for the culprit
+            roles[r] = "collateral" if hang is not None and f.in_collective else "stopped"
+        else:
+            roles[r] = "unknown"
+    return roles
+
+
+def _roles_around(initiating: int, findings: dict[int, RankFinding]) -> dict[int, str]:
+    roles = {}
+    for r, f in findings.items():
+        if r == initiating:
+            roles[r] = "initiating"
+        elif f.state == "succeeded":
+            roles[r] = "healthy"
+        elif f.state == "failed" or f.in_collective:
+            roles[r] = "collateral"
+        else:
+            roles[r] = "stopped"
+    return roles
+
+
+def _unattributed(
+    sig: Signature | None,
+    failure_class: str,
+    summary: str,
+    evidence: tuple[str, ...],
+    roles: dict[int, str],
+    collateral_ranks: tuple[int, ...] = (),
+) -> Diagnosis:
+    """A verdict that names no initiating rank, with the signature's fix and verification."""
+    return Diagnosis(
+        failure_class=failure_class,
+        signature_id=sig.id if sig else None,
+        summary=summary,
+        evidence=evidence[:MAX_EVIDENCE_LINES],
+        fix=sig.fix if sig else None,
+        verify=sig.verify if sig else None,
+        collateral_ranks=collateral_ranks,
+        roles=roles,
+        retryable=sig.retryable if sig else None,
+    )
+
+
+def _named(
+    sig: Signature,
+    cls: str,
+    ev: RankEvidence,
+    summary: str,
+    lines: list[str],
+    roles: dict[int, str],
+    *,
+    exception_type: str | None = None,
+    collective: dict[str, object] | None = None,
+) -> Diagnosis:
+    """A verdict naming ``ev``'s rank, with the signature's fix and verification."""
+    return Diagnosis(
+        failure_class=cls,
+        initiating_rank=ev.rank,
+        initiating_node=ev.node or None,
+        exception_type=exception_type,
+        signature_id=sig.id,
+        summary=summary,
+        evidence=tuple(lines[:MAX_EVIDENCE_LINES]),
+        fix=sig.fix,
+        verify=sig.verify,
+        collateral_ranks=tuple(sorted(r for r, role in roles.items() if role == "collateral")),
+        roles=roles,
+        retryable=sig.retryable,
+        collective=collective,
+    )
+
+
+def _hang_line(hang: dict[str, object]) -> str:
+    return (
+        f"elastic_diag health monitor: no rank made progress for {hang.get('stalled_s')} s "
+        f"(threshold {hang.get('threshold_s')} s, {hang.get('reason', 'hang timeout')})"
+    )
+
+
+_DDP_UNUSED = re.compile(
+    r"(?:Parameters|Parameter indices) which did not receive grad for rank (?P<rank>\d+): (?P<p>.+)"
+)
+
+
+def _rank_verdict(
+    ctx: Context, initiating: RankFinding, reason: str, naming: tuple[Signature, str] | None = None
+) -> Diagnosis:
+    """The verdict naming ``initiating``: its class, the lines that show it, and a summary of the
+    roles of the others."""
+    evidence = ctx.evidence
+    tax = ctx.taxonomy
+    ev = ctx.ev(initiating.rank)
+    roles = _roles(ctx, initiating.rank)
+    collateral_ranks = sorted(r for r, role in roles.items() if role == "collateral")
+    symptoms = list(ctx.symptoms)
+    other_own = [f.rank for f in ctx.own if f.rank != initiating.rank]
+    exc = initiating.exception
+    sig: Signature | None
+    if naming is not None:
+        sig = naming[0]
+        cls = sig.failure_class
+        lines = [naming[1]]
+    elif initiating.state == "succeeded":
+        sig = tax.get("nccl-desync-report")
+        cls = "collective_desync"
+        lines = [f"rank {ev.rank} exited with status 0 while its peers waited for it in a collective"]
+    elif initiating.own:
+        sig = initiating.signature
+        cls = initiating.failure_class
+        lines = list(initiating.lines)
+    elif symptoms and all(f.failure_class == "rendezvous_timeout" for f in symptoms):
+        # its peers timed out waiting for it to join the process group: it never arrived
+        sig = symptoms[0].signature
+        cls = "rendezvous_timeout"
+        frame = ev.stack.user_frame() if ev.stack else None
+        lines = [f"rank {ev.rank} never joined the process group" + (f"; it was at {frame}" if frame else "")]
+    else:
+        sig = tax.get("hang-outside-collective")
+        cls = sig.failure_class
+        frame = ev.stack.user_frame() if ev.stack else None
+        lines = [
+            f"rank {ev.rank} alive, main thread at {frame}"
+            if frame
+            else f"rank {ev.rank} reported no error of its own while its peers timed out (no stack was taken)"
+        ]
+    for f in symptoms[:2]:
+        lines.extend(f"rank {f.rank}: {line}" for line in f.lines[:1])
+
+    last = exc.last_line.splitlines()[0] if exc is not None and exc.last_line else None
+    what = {
+        "python_exception": f"raised {last}" if last else "raised an exception",
+        "host_oom": "ran out of host memory" + (f" ({exc.type})" if exc else ""),
+        "segfault": f"died by {ev.signal or 'a fatal signal'} in native code",
+        "abort": f"aborted ({ev.signal or 'SIGABRT'})",
+        "killed": f"was killed by {ev.signal or 'a signal'} from outside the job",
+        "silent_exit": f"exited with status {ev.exit_code} without a traceback",
+        "hang": "was stuck outside any collective",
+        "rendezvous_timeout": "never joined the process group its peers waited for",
+    }.get(cls, f"failed ({sig.title if sig else cls})")
+    if cls == "killed" and exc is not None and exc.type.endswith("KeyboardInterrupt"):
+        what = "was interrupted (SIGINT, KeyboardInterrupt) from outside the job"
+    if naming is not None:
+        what = f"is named by its peers: {sig.title if sig else cls}"
+    elif cls == "hang" and ev.stack is None:
+        what = "never reached the collective its peers waited in (it reported no error of its own)"
+    elif cls == "collective_desync" and sig is not None and sig.id == "ddp-unfinished-reduction":
+        what = "skipped parameters in its forward (DDP's reduction of the previous step never finished)"
+        m = _DDP_UNUSED.search(exc.message if exc else " ".join(initiating.lines))
+        if m:
+            what += f": {m['p'].strip()[:200]}"
+    loc = exc.location() if exc is not None and initiating.own else None
+    if exc is not None and initiating.own and (user := exc.user_location()):
+        loc = user
+    if cls in ("hang", "rendezvous_timeout") and ev.stack is not None and ev.stack.user_frame() is not None:
+        loc = str(ev.stack.user_frame())
+    summary = f"Rank {ev.rank}{_on(ev)} {what}" + (f" at {loc}" if loc else "")
+    if exc is not None and exc.thread and initiating.own:
+        summary += f" in thread {exc.thread!r}"
+    summary += ", while its peers waited." if cls == "hang" and ev.stack is not None else "."
+    if initiating.own and initiating.printed and initiating.time is not None:
+        lead = _lead(ctx, initiating)
+        if initiating.state in ("alive", "stopped"):
+            summary += (f" It printed the error{f' {lead}' if lead else ''} and was still alive (cleaning up, or "
+                        "stuck after it) when the launcher stopped it.")  # fmt: skip
+        elif lead:
+            summary += f" It printed the error {lead}, then exited only later."
+    if collateral_ranks and evidence.hang is not None and not initiating.own:
+        summary += (
+            f" {ranks_phrase(collateral_ranks)} waited for it inside a collective and {were(collateral_ranks)} stopped."
+        )
+    elif collateral_ranks:
+        summary += f" {ranks_phrase(collateral_ranks)} then failed waiting for it."
+    stopped = sorted(r for r, role in roles.items() if role == "stopped")
+    if stopped:
+        summary += f" {ranks_phrase(stopped)} {were(stopped)} stopped by the launcher."
+    if other_own:
+        their = "its" if len(other_own) == 1 else "their"
+        summary += f" {ranks_phrase(other_own)} also failed on {their} own, later."
+    if reason and cls != "hang" and reason != "failed first on its own":
+        summary += f" (Rank {ev.rank} {reason}.)"
+
+    schedule = ctx.schedule
+    if schedule is not None and schedule.kind == "missing" and ev.rank in schedule.ranks:
+        lines.append(schedule.summary)
+    if evidence.hang is not None and not initiating.own:
+        lines.append(_hang_line(evidence.hang))
+    return Diagnosis(
+        failure_class=cls,
+        initiating_rank=ev.rank,
+        initiating_node=ev.node or None,
+        exception_type=exc.type if exc is not None and initiating.own and naming is None else None,
+        signature_id=sig.id if sig else None,
+        summary=summary,
+        evidence=tuple(lines[:MAX_EVIDENCE_LINES]),
+        fix=sig.fix if sig else None,
+        verify=sig.verify if sig else None,
+        collateral_ranks=tuple(collateral_ranks),
+        roles=roles,
+        retryable=sig.retryable if sig else None,
+        collective=_finding_json(schedule, evidence) if schedule is not None and ev.rank in schedule.ranks else None,
+    )
+
+
+def _lead(ctx: Context, initiating: RankFinding) -> str:
+    """``14.2 s before its peers failed``: how far ahead of the others its printed error was."""
+    others = [f.time for f in ctx.findings.values() if f.rank != initiating.rank and f.state == "failed" and f.time]
+    if not others or initiating.time is None:
+        return ""
+    ahead = min(others) - initiating.time
+    return f"{ahead:.1f} s before the first of its peers failed" if ahead > 0.05 else ""
+
+
+def _finding_json(finding: Finding, evidence: AttemptEvidence) -> dict[str, object]:
+    where = {ev.rank: ev.location() for ev in evidence.ranks}
+    return {
+        "kind": finding.kind,
+        "process_group": finding.group,
+        "seq": finding.seq,
+        "ranks": list(finding.ranks),
+        "sides": {str(r): v for r, v in finding.sides.items()},
+        "source": {str(r): loc for r, loc in sorted(where.items()) if loc},
+    }
+
+
+def _locations_lines(evidence: AttemptEvidence, focus: int) -> list[str]:
+    """``rank 2 at file:line``, then the other ranks grouped by where they were."""
+    groups: dict[str, list[int]] = {}
+    for ev in evidence.ranks:
+        if ev.rank != focus and (loc := ev.location()):
+            groups.setdefault(loc, []).append(ev.rank)
+    own = next((ev.location() for ev in evidence.ranks if ev.rank == focus), None)
+    lines = [f"rank {focus} was at {own}"] if own else []
+    lines.extend(f"ranks {format_ranks(rs)} were at {loc}" for loc, rs in sorted(groups.items(), key=lambda kv: kv[1]))
+    return lines
+
+
+def _schedule_verdict(ctx: Context, finding: Finding | None, rank: int) -> Diagnosis:
+    """The ranks' collective schedules part: from the flight recorders (``finding``), or from where
+    each rank's code was (``finding`` None)."""
+    evidence, findings, tax = ctx.evidence, ctx.findings, ctx.taxonomy
+    ev = ctx.ev(rank)
+    mismatch = finding is not None and finding.kind == "mismatch"
+    sig = tax.get("collective-mismatch") if mismatch else tax.get("collective-schedule-diverged")
+    cls = "collective_mismatch" if mismatch else "collective_desync"
+    roles = _roles_around(rank, findings)
+    loc = ev.location()
+    if finding is not None:
+        others = sorted(r for r in finding.sides if r != rank)
+        theirs = next((finding.sides[r] for r in others), "?")
+        what = "the same collective with other sizes, dtypes or op" if mismatch else "a different collective"
+        summary = (
+            f"Rank {rank}{_on(ev)} issued {what} than its peers at collective #{finding.seq} of process group "
+            f"{finding.group}: {finding.sides[rank]} against {theirs} on ranks {format_ranks(others)}"
+        )
+        lines = [
+            f"elastic_diag: collective schedules part at process group {finding.group}, collective #{finding.seq}: "
+            "the ranks did not join the same collective",
+            *(f"rank {r}: #{finding.seq} {side}" for r, side in sorted(finding.sides.items())),
+        ]
+    else:
+        summary = (
+            f"Rank {rank}{_on(ev)} was at another place in the code than all its peers when their collectives "
+            "failed: its collective schedule parted from theirs"
+        )
+        if ev.flight_record is None:
+            died = f", it died by {ev.signal}" if ev.signal else ""
+            summary += f" (rank {rank} left no flight-recorder record{died})"
+        lines = ["elastic_diag: collective schedules part: the ranks did not join the same collective"]
+    summary += f"; rank {rank} was at {loc}." if loc else "."
+    collateral = sorted(r for r, role in roles.items() if role == "collateral")
+    if collateral:
+        summary += f" {ranks_phrase(collateral)} then failed in the collectives that no longer matched."
+    lines.extend(_locations_lines(evidence, rank))
+    for f in findings.values():
+        if f.rank != rank and f.state == "failed" and f.lines:
+            lines.append(f"rank {f.rank}: {f.lines[0]}")
+            break
+    if evidence.hang is not None:
+        lines.append(_hang_line(evidence.hang))
+    collective = _finding_json(finding, evidence) if finding is not None else None
+    return _named(sig, cls, ev, summary, lines, roles, collective=collective)

@@ -1,0 +1,267 @@
+"""Log formats: where a line comes from (rank, node, time) and torchrun's own failure summary.
+
+Pure string handling, no torch, no I/O. Recognised:
+
+* line prefixes, applied in any order: a pdsh/DeepSpeed host prefix (``worker-1: ``), torch's
+  ``[rank3]:`` (uncaught tracebacks in torch 2.x) and torchrun's ``[default3]:`` (``--tee``, a
+  LOCAL rank), glog headers of torch's C++ (``E1026 04:01:29.444000 139 ProcessGroupNCCL.cpp:616] ``),
+  Python logging / DeepSpeed timestamps (``[2024-03-01 12:00:00,123] ``), raw NCCL lines
+  (``host:pid:tid [dev] NCCL WARN``: ``[dev]`` is a CUDA device, never a rank);
+* a rank named inside a message (``[Rank 3] Watchdog ...``) is left in the text: it may be local to a
+  process group and is not the line's rank;
+* the rank of a whole file from its path: elastic_diag's ``attempt_N/rank_R/``, torchrun's
+  ``attempt_N/<local rank>/stderr.log``, Slurm ``%t`` outputs (``job.3.out``, ``slurm-77_3.out``),
+  ``rank_3.log``, ``trainer-pod-2.log``;
+* torchrun's failure summary (``ChildFailedError`` ... ``Root Cause (first observed failure)``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import PurePath
+
+from elastic_diag.core.evidence import signal_name
+
+_HOST = re.compile(r"^(?P<host>[a-z0-9][a-z0-9.-]*\d[a-z0-9.-]*): ")
+_RANK = re.compile(r"^\[(?P<kind>rank|default|[A-Za-z_]+?)(?P<rank>\d+)\]:")
+# glog of torch's C++: "E1026 04:01:29.444000 139 file.cpp:616] " (pid optional: newer torch writes
+# "[E1213 17:24:49.082246429 file.cpp:2573] "), and the old "[E file.cpp:737] " without a date.
+_GLOG = re.compile(
+    r"^(?:(?P<level>[IWEF])(?P<month>\d\d)(?P<day>\d\d) (?P<time>\d\d:\d\d:\d\d(?:\.\d+)?)(?:\s+(?P<pid>\d+))?"
+    r"|[IWEF]) (?P<where>[^\]\s]+:\d+)\] ?"
+)
+_NCCL = re.compile(
+    r"^(?P<host>[\w.-]+):(?P<pid>\d+):(?P<tid>\d+) \[(?P<dev>\d+)\] (?:\S+:\d+ )?NCCL (?P<level>[A-Z]+) "
+)
+_STAMP = re.compile(r"^\[?(?P<date>\d{4}-\d\d-\d\d)[ T_](?P<time>\d\d:\d\d:\d\d)(?:[.,](?P<frac>\d+))?\]?\s*")
+
+_PATH_RANK = (
+    re.compile(r"(?:^|/)rank_(?P<rank>\d+)/[^/]+$"),
+    re.compile(r"(?:^|/)attempt_\d+/(?P<rank>\d+)/(?:stdout|stderr)\.log$|(?:^|/)attempt_\d+/(?P<r2>\d+)/error\.json$"),
+    re.compile(r"(?:^|/)slurm-\d+[._](?P<rank>\d+)\.(?:out|err)$"),
+    re.compile(r"(?:^|/)[^/]*?(?:rank|task|worker|pod|proc|process)[-_.]?(?P<rank>\d+)(?:\.[a-z]+)*$", re.IGNORECASE),
+    re.compile(r"(?:^|/)[^/]+\.(?P<rank>\d+)\.(?:out|err|log)$"),
+)
+
+
+@dataclass(frozen=True, slots=True)
+class ParsedLine:
+    text: str  # the message with every recognised prefix removed
+    rank: int | None = None
+    local: bool = False  # the rank came from torchrun's [defaultN] (a local rank)
+    host: str | None = None
+    pid: int | None = None
+    time: float | None = None  # epoch seconds where the prefix carries a full date
+    clock: str | None = None  # "MMDD HH:MM:SS.ffffff" of glog lines (no year): orders lines of one run
+    nccl_device: int | None = None
+
+
+def parse_line(line: str) -> ParsedLine:
+    text = line.rstrip("\r\n")
+    rank = host = pid = time = clock = device = None
+    local = False
+    for _ in range(6):
+        m = _HOST.match(text)
+        if m and host is None:
+            host, text = m["host"], text[m.end() :]
+            continue
+        m = _RANK.match(text)
+        if m:
+            is_local = m["kind"] != "rank"
+            if rank is None or (local and not is_local):  # [default2]:[rank2]: -> the global [rankN] wins
+                rank, local = int(m["rank"]), is_local
+            text = text[m.end() :]
+            continue
+        if text.startswith("[") and (m := _GLOG.match(text[1:])):
+            text = text[m.end() + 1 :]
+        elif m := _GLOG.match(text):
+            text = text[m.end() :]
+        else:
+            m = None
+        if m:
+            if m["pid"]:
+                pid = int(m["pid"])
+            if m["month"]:
+                clock = f"{m['month']}{m['day']} {m['time']}"
+            continue
+        m = _NCCL.match(text)
+        if m:
+            host, pid, device = host or m["host"], int(m["pid"]), int(m["dev"])
+            text = text[m.start("level") - 5 :]  # keep "NCCL WARN ..."
+            break
+        m = _STAMP.match(text)
+        if m and time is None:
+            try:
+                time = datetime.fromisoformat(f"{m['date']}T{m['time']}").timestamp()
+                if m["frac"]:
+                    time += float(f"0.{m['frac']}")
+            except ValueError:
+                time = None
+            text = text[m.end() :]
+            continue
+        break
+    return ParsedLine(text=text, rank=rank, local=local, host=host, pid=pid, time=time, clock=clock,
+                      nccl_device=device)  # fmt: skip
+
+
+_MESSAGE_RANK = re.compile(
+    r"^(?:\[[EWIF] \S+\] )?\[(?:Rank (?P<r1>\d+)|PG (?:ID )?0 (?:PG GUID 0(?:\(default_pg\))? )?Rank (?P<r2>\d+))\]"
+)
+
+
+def message_rank(text: str) -> int | None:
+    """``[Rank 3] ...`` / ``[PG ID 0 PG GUID 0(default_pg) Rank 3] ...`` at the start of a message: the rank
+    in the DEFAULT group (= global). Other groups' ranks are local to them and not returned."""
+    m = _MESSAGE_RANK.match(text)
+    if not m:
+        return None
+    return int(m["r1"] or m["r2"])
+
+
+def rank_from_path(path: str | PurePath) -> int | None:
+    p = str(path).replace("\\", "/")
+    for pattern in _PATH_RANK:
+        m = pattern.search(p)
+        if m:
+            value = m.groupdict().get("rank") or m.groupdict().get("r2")
+            if value is not None:
+                return int(value)
+    return None
+
+
+# --- torchrun's failure summary ------------------------------------------------------------------
+
+_SUMMARY_START = "ChildFailedError"
+_ROOT = "Root Cause (first observed failure):"
+_BLOCK = re.compile(r"^\s*\[(?P<idx>\d+)\]:\s*$")
+_FIELD = re.compile(r"^\s*(?P<key>time|host|rank|exitcode|error_file|traceback)\s*:\s?(?P<value>.*)$")
+_RANK_FIELD = re.compile(r"(?P<rank>\d+) \(local_rank: (?P<local>\d+)\)")
+_EXIT_FIELD = re.compile(r"(?P<code>-?\d+) \(pid: (?P<pid>\d+)\)(?:\s+\((?P<sig>SIG\w+)\))?")
+_FAILED_LINE = re.compile(r"failed \(exitcode: (?P<code>-?\d+)\) local_rank: (?P<local>\d+) \(pid: (?P<pid>\d+)\)")
+
+
+@dataclass(slots=True)
+class SummaryFailure:
+    """One ``[i]:`` block of torchrun's ChildFailedError summary."""
+
+    rank: int | None = None
+    local_rank: int | None = None
+    exit_code: int | None = None
+    pid: int | None = None
+    host: str | None = None
+    time: float | None = None
+    error_file: str | None = None
+    traceback: list[str] = field(default_factory=list)
+    root: bool = False
+
+    @property
+    def signal(self) -> str | None:
+        return signal_name(self.exit_code)
+
+
+class SummaryParser:
+    """Feed it every line (prefixes removed); it collects torchrun's failure blocks."""
+
+    def __init__(self) -> None:
+        self.failures: list[SummaryFailure] = []
+        self._in_summary = False
+        self._root_next = False
+        self._current: SummaryFailure | None = None
+        self._in_traceback = False
+
+    @property
+    def active(self) -> bool:
+        """Inside a summary: every following line matters until it ends."""
+        return self._in_summary
+
+    def feed(self, text: str) -> None:
+        if _SUMMARY_START in text:
+            self._in_summary = True
+            return
+        if not self._in_summary:
+            return
+        if text.strip().startswith(_ROOT):
+            self._root_next = True
+            self._close()
+            return
+        if text.strip().startswith("====="):
+            self._close()
+            if self._root_next is False and self.failures and self.failures[-1].root:
+                self._in_summary = False
+            return
+        m = _BLOCK.match(text)
+        if m:
+            self._close()
+            self._current = SummaryFailure(root=self._root_next)
+            self._root_next = False
+            return
+        cur = self._current
+        if cur is None:
+            return
+        m = _FIELD.match(text)
+        if m:
+            self._in_traceback = False
+            key, value = m["key"], m["value"].strip()
+            if key == "rank" and (r := _RANK_FIELD.search(value)):
+                cur.rank, cur.local_rank = int(r["rank"]), int(r["local"])
+            elif key == "exitcode" and (e := _EXIT_FIELD.search(value)):
+                cur.exit_code, cur.pid = int(e["code"]), int(e["pid"])
+            elif key == "host":
+                cur.host = value
+            elif key == "time":
+                with contextlib.suppress(ValueError):
+                    cur.time = datetime.strptime(value, "%Y-%m-%d_%H:%M:%S").timestamp()
+            elif key == "error_file":
+                cur.error_file = value
+            elif key == "traceback":
+                self._in_traceback = True
+                if value:
+                    cur.traceback.append(value)
+        elif self._in_traceback and text.strip() and not text.strip().startswith("-----"):
+            cur.traceback.append(text.strip())
+
+    def _close(self) -> None:
+        if self._current is not None and (self._current.rank is not None or self._current.exit_code is not None):
+            self.failures.append(self._current)
+        self._current = None
+        self._in_traceback = False
+
+    def finish(self) -> list[SummaryFailure]:
+        self._close()
+        return self.failures
+
+    @property
+    def root(self) -> SummaryFailure | None:
+        return next((f for f in self.failures if f.root), None)
+
+
+def parse_failed_line(text: str) -> tuple[int, int, int] | None:
+    """torch's ``failed (exitcode: 1) local_rank: 2 (pid: 3883) of binary`` line: (code, local, pid)."""
+    m = _FAILED_LINE.search(text)
+    return (int(m["code"]), int(m["local"]), int(m["pid"])) if m else None
+
+
+# --- DeepSpeed launcher -----------------------------------------------------------------------------
+
+_DS_MAPPING = re.compile(r"global_rank_mapping=(?:defaultdict\(<class 'list'>, )?(?P<map>\{.*\})")
+_DS_EXIT = re.compile(r"--local_rank=(?P<local>\d+)'.*\] exits with return code = (?P<code>-?\d+)")
+
+
+def parse_deepspeed_mapping(text: str) -> dict[str, list[int]] | None:
+    """``global_rank_mapping={'worker-0': [0, 1], ...}`` of DeepSpeed's launch.py."""
+    m = _DS_MAPPING.search(text)
+    if not m:
+        return None
+    out: dict[str, list[int]] = {}
+    for host, ranks in re.findall(r"'([^']+)': \[([\d, ]*)\]", m["map"]):
+        out[host] = [int(r) for r in ranks.replace(" ", "").split(",") if r]
+    return out or None
+
+
+def parse_deepspeed_exit(text: str) -> tuple[int, int] | None:
+    """DeepSpeed's ``[... '--local_rank=3' ...] exits with return code = -9``: (local rank, code)."""
+    m = _DS_EXIT.search(text)
+    return (int(m["local"]), int(m["code"])) if m else None

@@ -1,0 +1,259 @@
+"""Many nodes, one verdict: each agent's failure record, exchanged through the rendezvous store.
+
+Every node's agent sees only its own ranks. After its local verdict, each agent publishes a compact
+record (schema ``elastic_diag.node_record/1``: its ranks' exits, exceptions, decisive lines and
+stacks, with times on the LEADER's clock) under one key per node, reads every other node's, and
+classifies the merged evidence with the same classifier: every node writes the same global verdict.
+
+Times in a record are on the leader's clock (each agent measures its offset when the attempt starts:
+:mod:`elastic_diag.agent.cluster`), so a node whose clock is seconds off does not look like the first to
+fail. A node whose record never comes (its agent killed, its host gone) is named: its ranks are the
+initiating ones, the survivors' timeouts are collateral.
+
+Pure: records in, one merged attempt out. The store exchange lives in :mod:`elastic_diag.agent.cluster`.
+A record from a newer schema or a garbled one is ignored and reported.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from elastic_diag.core.classify import Diagnosis, classify_attempt
+from elastic_diag.core.error_lines import error_line_from_json, error_line_to_json
+from elastic_diag.core.evidence import (
+    AttemptEvidence,
+    ErrorLine,
+    ExceptionRecord,
+    RankEvidence,
+    as_seconds,
+    exception_from_json,
+    exception_to_json,
+    parse_stack_dump,
+)
+from elastic_diag.layout import NODE_RECORD_SCHEMA, NODE_VERDICT_SCHEMA
+
+SCHEMA = NODE_RECORD_SCHEMA
+VERDICT_SCHEMA = NODE_VERDICT_SCHEMA
+TAIL = 8
+STACK_CHARS = 3000
+
+
+def node_label(host: str, group_rank: int, group_world_size: int) -> str:
+    """``host-a`` for a single node; ``host-a (node 1)`` with several (two agents may share a host)."""
+    return host if group_world_size <= 1 else f"{host} (node {group_rank})"
+
+
+def _shift(t: float | None, offset: float) -> float | None:
+    return t + offset if t is not None else None
+
+
+def _exception_json(exc: ExceptionRecord | None, offset: float) -> dict[str, Any] | None:
+    return (
+        exception_to_json(exc, message_chars=2000, traceback_chars=4000, time=_shift(exc.time, offset)) if exc else None
+    )
+
+
+def _error_line_json(line: ErrorLine | None, offset: float) -> dict[str, Any] | None:
+    if line is None:
+        return None
+    data = error_line_to_json(line)
+    for key in ("time", "arrival", "logged"):
+        data[key] = _shift(data[key], offset)
+    if data["exception"]:
+        data["exception"]["traceback"] = data["exception"]["traceback"][-4000:]
+    return data
+
+
+def record_of(evidence: AttemptEvidence, *, node: str, group_rank: int, offset: float) -> dict[str, Any]:
+    """This node's part of the attempt, times moved onto the leader's clock (``+ offset``)."""
+    ranks = []
+    for ev in evidence.ranks:
+        exc = ev.exception
+        ranks.append({
+            "rank": ev.rank,
+            "local_rank": ev.local_rank,
+            "pid": ev.pid,
+            "exit_code": ev.exit_code,
+            "exit_time": _shift(ev.exit_time, offset),
+            "start_time": _shift(ev.start_time, offset),
+            "progress_time": _shift(ev.progress_time, offset),
+            "steps": ev.steps,
+            "alive_at_decision": ev.alive_at_decision,
+            "stopped_by_agent": ev.stopped_by_agent,
+            "exception": _exception_json(exc, offset),
+            "thread_exception": _exception_json(ev.thread_exception, offset),
+            "error_line": _error_line_json(ev.error_line, offset),
+            "stderr_tail": list(ev.stderr_tail[-TAIL:]),
+            "stack": ev.stack.text[:STACK_CHARS] if ev.stack else None,
+            "nonfinite": ev.nonfinite,
+        })  # fmt: skip
+    return {
+        "schema": SCHEMA,
+        "node": node,
+        "group_rank": group_rank,
+        "attempt": evidence.attempt,
+        "clock_offset_s": offset,
+        "decided_at": _shift(evidence.decided_at, offset),
+        "hang": evidence.hang,
+        "ranks": ranks,
+    }
+
+
+def parse_record(raw: bytes | str) -> dict[str, Any]:
+    """A record, or ValueError naming what is wrong (garbled, another schema)."""
+    try:
+        data = json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as e:
+        raise ValueError(f"garbled record ({e})") from e
+    if not isinstance(data, dict):
+        raise ValueError("garbled record (not an object)")
+    schema = data.get("schema")
+    if schema != SCHEMA:
+        raise ValueError(f"record of schema {schema!r}, this agent reads {SCHEMA!r}")
+    if not isinstance(data.get("ranks"), list) or not isinstance(data.get("group_rank"), int):
+        raise ValueError("garbled record (no ranks or group rank)")
+    return data
+
+
+def verdict_of(merged: Merge) -> dict[str, Any]:
+    """The leader's verdict as published: the diagnosis without its per-rank lists (each node reads
+    its own ranks' roles from its own key), so every agent reads a few kB whatever the job's size."""
+    d = {**merged.diagnosis.to_json(), "retryable": merged.diagnosis.retryable}
+    d.pop("collateral_ranks", None)
+    return {"schema": VERDICT_SCHEMA, "diagnosis": d, "nodes": merged.nodes[:64], "node_count": len(merged.nodes),
+            "missing": merged.missing}  # fmt: skip
+
+
+def diagnosis_from_json(d: dict[str, Any], roles: dict[str, str]) -> Diagnosis:
+    """The leader's verdict as this node's Diagnosis (``roles``: this node's ranks)."""
+    return Diagnosis(
+        failure_class=str(d.get("failure_class") or "unknown"),
+        initiating_rank=d.get("initiating_rank"),
+        initiating_node=d.get("initiating_node"),
+        exception_type=d.get("exception_type"),
+        signature_id=d.get("signature_id"),
+        summary=str(d.get("summary") or ""),
+        evidence=tuple(str(x) for x in d.get("evidence") or ()),
+        fix=d.get("fix"),
+        verify=d.get("verify"),
+        collateral_ranks=tuple(sorted(int(r) for r, role in roles.items() if role == "collateral")),
+        roles={int(r): str(role) for r, role in roles.items()},
+        retryable=d.get("retryable"),
+        collective=d.get("collective"),
+        rule=d.get("rule") if isinstance(d.get("rule"), str) else None,
+        all_ranks=d.get("all_ranks") is True,
+    )
+
+
+def _rank_evidence(node: str, r: dict[str, Any]) -> RankEvidence:
+    exc = r.get("exception")
+    stack = r.get("stack")
+    return RankEvidence(
+        rank=int(r["rank"]),
+        local_rank=int(r.get("local_rank", 0)),
+        node=node,
+        pid=r.get("pid"),
+        exit_code=r.get("exit_code"),
+        exit_time=r.get("exit_time"),
+        start_time=as_seconds(r.get("start_time")),
+        progress_time=as_seconds(r.get("progress_time")),
+        steps=r.get("steps") if isinstance(r.get("steps"), int) else None,
+        alive_at_decision=bool(r.get("alive_at_decision")),
+        stopped_by_agent=bool(r.get("stopped_by_agent")),
+        exception=exception_from_json(exc),
+        thread_exception=exception_from_json(r.get("thread_exception")),
+        error_line=error_line_from_json(r.get("error_line")),
+        stderr_tail=tuple(str(x) for x in r.get("stderr_tail") or ()),
+        stack=parse_stack_dump(stack) if isinstance(stack, str) and stack else None,
+        nonfinite=r.get("nonfinite") if isinstance(r.get("nonfinite"), dict) else None,
+    )  # fmt: skip
+
+
+@dataclass(slots=True)
+class Merge:
+    diagnosis: Diagnosis
+    evidence: AttemptEvidence
+    nodes: list[str]
+    missing: list[int] = field(default_factory=list)  # group ranks that published nothing
+    problems: list[str] = field(default_factory=list)
+
+
+def merge(
+    attempt: int,
+    records: dict[int, dict[str, Any]],
+    world: int,
+    hellos: dict[int, dict[str, Any]] | None = None,
+    problems: Sequence[str] = (),
+) -> Merge:
+    """The global verdict from every node's record; nodes with no record are named as lost."""
+    hellos = hellos or {}
+    ranks: list[RankEvidence] = []
+    decided = []
+    hang = None
+    for g in sorted(records):
+        rec = records[g]
+        node = str(rec.get("node") or f"node {g}")
+        for r in rec["ranks"]:
+            try:
+                ranks.append(_rank_evidence(node, r))
+            except (KeyError, TypeError, ValueError):
+                continue
+        if isinstance(rec.get("decided_at"), int | float):
+            decided.append(rec["decided_at"])
+        hang = hang or rec.get("hang")
+    missing = [g for g in range(world) if g not in records]
+    for g in missing:  # the lost nodes' ranks, known from the hello each agent published at start
+        hello = hellos.get(g) or {}
+        for i, r in enumerate(hello.get("ranks") or []):
+            if isinstance(r, int):
+                ranks.append(RankEvidence(rank=r, local_rank=i, node=str(hello.get("node") or f"node {g}"),
+                                          notes=("its node did not report",)))  # fmt: skip
+    evidence = AttemptEvidence(attempt=attempt, ranks=tuple(sorted(ranks, key=lambda e: e.rank)),
+                               decided_at=min(decided) if decided else None, hang=hang)  # fmt: skip
+    nodes = [str(records[g].get("node")) for g in sorted(records)]
+    if missing:
+        return Merge(_lost_nodes(missing, hellos, evidence), evidence, nodes, missing, list(problems))
+    return Merge(classify_attempt(evidence), evidence, nodes, [], list(problems))
+
+
+def _lost_nodes(missing: list[int], hellos: dict[int, dict[str, Any]], evidence: AttemptEvidence) -> Diagnosis:
+    """A node that published nothing: its agent was killed or its host is gone. Its ranks went first;
+    the survivors' failures (lost peers, timeouts) are collateral."""
+    first = missing[0]
+    hello = hellos.get(first) or {}
+    node = str(hello.get("node") or f"node {first}")
+    lost_ranks = sorted(int(r) for g in missing for r in (hellos.get(g) or {}).get("ranks") or [])
+    rank = lost_ranks[0] if lost_ranks else None
+    names = ", ".join(str((hellos.get(g) or {}).get("node") or f"node {g}") for g in missing)
+    roles = {ev.rank: ("collateral" if ev.failed or ev.alive_at_decision else "healthy") for ev in evidence.ranks}
+    for r in lost_ranks:
+        roles[r] = "initiating" if r == rank else "unknown"
+    collateral = tuple(sorted(r for r, role in roles.items() if role == "collateral"))
+    what = f"ranks {', '.join(map(str, lost_ranks))}" if lost_ranks else "its ranks"
+    summary = (
+        f"Node {names} disappeared: its agent published no failure record (killed, or its host is gone), "
+        f"so {what} stopped with it; the other nodes' ranks then lost their peers."
+    )
+    evidence_lines = [f"elastic_diag: node {names} (group rank(s) {', '.join(map(str, missing))}) did not report: "
+                      "its agent was killed or its host is gone"]  # fmt: skip
+    for ev in evidence.ranks:
+        if ev.failed and ev.stderr_tail:
+            evidence_lines.append(f"rank {ev.rank}: {ev.stderr_tail[-1]}")
+            break
+    return Diagnosis(
+        failure_class="killed",
+        initiating_rank=rank,
+        initiating_node=node,
+        signature_id="node-lost",
+        summary=summary,
+        evidence=tuple(evidence_lines),
+        fix="Find why the node went away: its kernel log (OOM killer, reboots), the scheduler's events "
+        "(preemption, node failure), its network.",
+        verify="torchrun-diag ... --max-restarts 1  # on a replacement node the job must pass this step",
+        collateral_ranks=collateral,
+        roles=roles,
+        retryable=True,
+    )

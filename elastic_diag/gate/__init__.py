@@ -1,0 +1,36 @@
+"""The restart gate: a policy (:mod:`~elastic_diag.gate.policy`, pure) says whether a failed attempt may
+be restarted, and the verification controls (:mod:`~elastic_diag.gate.controls`, subprocesses) must
+pass first. The names users write (``elastic_diag.gate.RestartPolicy``, ``Decision``, ``AttemptOutcome``,
+the built-in policies) are importable from here.
+"""
+
+from elastic_diag.gate.controls import ControlContext, ControlResult, latest_checkpoint, verify
+from elastic_diag.gate.policy import (
+    BUILTIN_POLICIES,
+    DETERMINISTIC_CLASSES,
+    AttemptOutcome,
+    Decision,
+    RestartPolicy,
+    always,
+    ask_policy,
+    load_policy,
+    never,
+    verified,
+)
+
+__all__ = [
+    "BUILTIN_POLICIES",
+    "DETERMINISTIC_CLASSES",
+    "AttemptOutcome",
+    "ControlContext",
+    "ControlResult",
+    "Decision",
+    "RestartPolicy",
+    "always",
+    "ask_policy",
+    "latest_checkpoint",
+    "load_policy",
+    "never",
+    "verified",
+    "verify",
+]

@@ -1,0 +1,233 @@
+"""``torchrun-diag``: torchrun with diagnosis. Same as ``elastic-diag run`` and ``python -m elastic_diag.run``.
+
+Every torchrun flag comes from torch's own parser (``torch.distributed.run.get_args_parser``), so
+``PET_*`` environment fallbacks keep working; elastic_diag adds the ``--diag-*`` group and
+``--no-diag`` (behave exactly as plain torchrun, for A/B comparisons).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import shutil
+import sys
+import traceback
+import uuid
+from collections.abc import Sequence
+
+from elastic_diag.errors import (
+    EXIT_FAILED,
+    EXIT_OK,
+    EXIT_RESTART_REFUSED,
+    EXIT_USAGE,
+    EXIT_VERIFY_FAILED,
+    UsageError,
+)
+
+logger = logging.getLogger("elastic_diag")
+
+
+def get_parser() -> argparse.ArgumentParser:
+    from torch.distributed.run import get_args_parser
+
+    from elastic_diag import __version__
+
+    parser = get_args_parser()
+    parser.prog = "torchrun-diag"
+    parser.description = "torchrun with elastic_diag: names the rank that failed first, keeps its evidence."
+    group = parser.add_argument_group("elastic_diag", "Diagnosis options (all torchrun options above work as usual)")
+    group.add_argument(
+        "--diag-dir",
+        default=None,
+        help="Folder for the run's evidence and report.json (env ELASTIC_DIAG_DIR; default: a new folder "
+        "under ./elastic_diag_runs/).",
+    )
+    group.add_argument(
+        "--diag-grace",
+        type=float,
+        default=None,
+        help="Seconds to let other ranks exit on their own after the first failure, before their stacks "
+        "are taken and the group is torn down (env ELASTIC_DIAG_GRACE; default 5).",
+    )
+    group.add_argument(
+        "--diag-stack-timeout",
+        type=float,
+        default=None,
+        help="Seconds to wait for the stack dumps of ranks still alive (default 2).",
+    )
+    group.add_argument(
+        "--diag-hang-timeout",
+        default=None,
+        metavar="auto|off|SECONDS",
+        help="Call a hang when no rank has made progress (steps, backward, collectives, heartbeats) for this "
+        "long: take every rank's stacks and flight recorder, then stop the group. 'auto' (default): 10x the "
+        "median step time, at least 60 s, 600 s before 3 steps (env ELASTIC_DIAG_HANG_TIMEOUT).",
+    )
+    group.add_argument(
+        "--diag-restart-policy",
+        default=None,
+        metavar="never|always|verified|MODULE:CALLABLE",
+        help="Whether a failed attempt may restart (with --max-restarts): 'verified' (default) restarts only "
+        "a failure that is not deterministic, after the verification controls pass, and never into the same "
+        "failure unless the checkpoint advanced; 'always' is torchrun's behaviour; or your own policy "
+        "(env ELASTIC_DIAG_RESTART_POLICY).",
+    )
+    group.add_argument(
+        "--diag-verify",
+        action="append",
+        default=None,
+        metavar="CONTROL",
+        help="A verification control to pass before a restart (repeatable): collective, checkpoint, disk, "
+        "signature, or a shell command that must exit 0 (default: collective, plus checkpoint and disk with "
+        "--diag-checkpoint-dir).",
+    )
+    group.add_argument(
+        "--diag-checkpoint-dir",
+        default=None,
+        help="Where the job writes its checkpoints: checked by the checkpoint and disk controls; its newest "
+        "entry is passed to the next attempt as ELASTIC_DIAG_RESUME_FROM.",
+    )
+    group.add_argument(
+        "--diag-verify-timeout", type=float, default=None, help="Deadline of each control in seconds (default 120)."
+    )
+    group.add_argument(
+        "--diag-verify-retries", type=int, default=None, help="Retries of a failing control, with backoff (default 2)."
+    )
+    group.add_argument(
+        "--diag-config",
+        default=None,
+        metavar="TOML",
+        help="A TOML file with a [tool.elastic_diag] table of these settings (default: ./pyproject.toml when it "
+        "has one; env ELASTIC_DIAG_CONFIG). The command line and the environment win.",
+    )
+    group.add_argument(
+        "--diag-tail-lines", type=int, default=None, help="Lines of each rank's stderr kept in the report (default 40)."
+    )
+    group.add_argument("--no-diag", action="store_true", help="Run exactly as plain torchrun, with no diagnosis.")
+    group.add_argument("--version", action="version", version=f"torchrun-diag {__version__}")
+    return parser
+
+
+def _check_script(args: argparse.Namespace) -> None:
+    script = args.training_script
+    if args.module:
+        return  # resolved by the worker's interpreter; a missing module fails there with its own message
+    if args.no_python:
+        if os.path.isfile(script) or shutil.which(script):
+            return
+        raise UsageError(f"the program {script!r} is not a file and not on PATH")
+    if not os.path.isfile(script):
+        raise UsageError(f"the training script {script!r} does not exist (working directory: {os.getcwd()})")
+
+
+def _prepare_rdzv(args: argparse.Namespace) -> None:
+    """What ``torch.distributed.run.run`` does to the args before ``config_from_args`` (torch 2.13.0)."""
+    from torch.distributed.run import parse_min_max_nnodes
+
+    if args.standalone:
+        args.rdzv_backend = "c10d"
+        args.rdzv_endpoint = "localhost:0"
+        args.rdzv_id = str(uuid.uuid4())
+    elif args.rdzv_backend == "static" and not args.rdzv_endpoint and args.master_port is None:
+        _, max_nodes = parse_min_max_nnodes(args.nnodes)
+        if max_nodes == 1:
+            args.rdzv_backend = "c10d"
+            args.rdzv_endpoint = "localhost:0"
+            args.rdzv_id = str(uuid.uuid4())
+    if args.master_port is None:
+        args.master_port = 29500
+
+
+def run_plain_torchrun(args: argparse.Namespace) -> int:
+    from torch.distributed.elastic.multiprocessing.errors import record
+    from torch.distributed.run import run
+
+    record(run)(args)
+    return EXIT_OK
+
+
+def run_diagnosed(args: argparse.Namespace) -> int:
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.elastic.multiprocessing.errors.error_handler import ErrorHandler
+    from torch.distributed.run import config_from_args
+
+    from elastic_diag.config import DiagConfig
+    from elastic_diag.core.classify import classify_launch_error
+    from elastic_diag.gate.policy import load_policy
+    from elastic_diag.launch.launcher import launch_agent
+    from elastic_diag.launch.setup import open_session
+    from elastic_diag.report.document import print_summary
+
+    _check_script(args)
+    config = DiagConfig.resolve(
+        diag_dir=args.diag_dir,
+        grace_s=args.diag_grace,
+        stack_timeout_s=args.diag_stack_timeout,
+        tail_lines=args.diag_tail_lines,
+        hang_timeout=args.diag_hang_timeout,
+        restart_policy=args.diag_restart_policy,
+        verify=args.diag_verify,
+        checkpoint_dir=args.diag_checkpoint_dir,
+        verify_timeout_s=args.diag_verify_timeout,
+        verify_retries=args.diag_verify_retries,
+        config_file=args.diag_config,
+    )
+    load_policy(config.restart_policy)  # a usage error before anything starts (open_session loads it again)
+    config.check_writable()
+    if config.hang_timeout_s == 0:
+        os.environ.setdefault("ELASTIC_DIAG_BEACON", "0")  # the workers inherit it: no beacon thread, no hooks
+    _prepare_rdzv(args)
+    try:
+        launch_config, cmd, cmd_args = config_from_args(args)
+    except (ValueError, RuntimeError, AssertionError) as e:
+        raise UsageError(str(e)) from e
+    session, launch_config.logs_specs = open_session(config, run_id=launch_config.run_id or "",
+                                                     logs_specs=launch_config.logs_specs)  # fmt: skip
+    if args.logs_specs:
+        session.note(f"--logs-specs {args.logs_specs} was replaced by elastic_diag's own (it keeps every stream)")
+    error_handler = ErrorHandler()
+    error_handler.initialize()
+    try:
+        launch_agent(launch_config, cmd, list(cmd_args), session=session)
+    except ChildFailedError as e:
+        report = session.finish("failed")
+        _, root = e.get_first_failure()
+        if root.error_file != "<N/A>" and os.path.isfile(root.error_file):
+            try:
+                error_handler.dump_error_file(root.error_file, root.exitcode)
+            except Exception as copy_error:
+                session.internal_error("copying the root cause into the launcher's error file", copy_error)
+        print(str(e), file=sys.stderr)
+        print_summary(report, str(session.report_path))
+        return {"refused": EXIT_RESTART_REFUSED, "verification_failed": EXIT_VERIFY_FAILED}.get(
+            session.gate_outcome or "", EXIT_FAILED
+        )
+    except BaseException as e:
+        text = "".join(traceback.format_exception(e))
+        report = session.finish("failed", launch_diagnosis=classify_launch_error(text, context=session.launch_context))
+        print_summary(report, str(session.report_path))
+        raise
+    report = session.finish("succeeded")
+    print_summary(report, str(session.report_path))
+    return EXIT_OK
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = get_parser()
+    args = parser.parse_args(list(argv) if argv is not None else None)
+    if args.no_diag:
+        return run_plain_torchrun(args)
+    try:
+        return run_diagnosed(args)
+    except UsageError as e:
+        print(f"torchrun-diag: error: {e}", file=sys.stderr)
+        return EXIT_USAGE
+
+
+def _entry() -> None:
+    sys.exit(main())
+
+
+if __name__ == "__main__":
+    _entry()

@@ -1,0 +1,33 @@
+"""The set-up every way of launching shares (``torchrun-diag``, ``elastic_diag.elastic_launch`` and plain
+torchrun with ``--rdzv-backend diag+c10d``): the restart policy loaded and the diag dir checked before
+any worker starts (a usage error, not a failed job), the run's session, and our LogsSpecs in place of
+the launch's own, keeping its ``--log-dir``, ``--redirects``, ``--tee`` and ``--local-ranks-filter``.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+
+from elastic_diag._compat import torch_version_problem
+from elastic_diag.agent.logs_specs import DiagLogsSpecs
+from elastic_diag.config import DiagConfig
+from elastic_diag.gate.policy import load_policy
+from elastic_diag.report.session import DiagSession
+
+logger = logging.getLogger(__name__)
+
+
+def open_session(config: DiagConfig, *, run_id: str, logs_specs: object) -> tuple[DiagSession, DiagLogsSpecs]:
+    """The run's session (with its restart policy) and the LogsSpecs to launch with. Raises UsageError
+    for a policy that cannot be loaded or a diag dir that cannot be written."""
+    policy = load_policy(config.restart_policy)
+    config.check_writable()
+    session = DiagSession(config, run_id=run_id)
+    session.policy = policy
+    problem = torch_version_problem(torch.__version__)
+    if problem is not None:
+        logger.warning("elastic_diag: %s", problem)
+        session.note(problem)
+    return session, DiagLogsSpecs.replacing(logs_specs, config.diag_dir)

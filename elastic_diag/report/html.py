@@ -1,0 +1,681 @@
+"""report.html: the report a person looks at, rendered from report.json (pure, no torch).
+
+One self-contained file: inline CSS and SVG, no script, no font, no image, nothing fetched. The
+verdict comes first (initiating rank and node, class, fix, verify command), then one section per
+attempt with a timeline of every rank (start, last progress, first error, exit, the launcher's
+verdict and teardown), the ranks' table, and the evidence of the ranks that matter (their stderr and
+the stack taken before teardown).
+
+Readable at any size: up to ``PER_RANK_ROWS`` ranks get a row each; beyond that, ranks with the same
+story (role, how they ended, exception, where their code was) share one row, drawn as the span of
+their times, so a 1,024-rank job with one culprit is three or four rows. Evidence is shown in full
+for the initiating rank and one rank of each story, at most ``EVIDENCE_RANKS``; the others are named
+with their folder.
+
+Bad input loses nothing: :func:`load_report_dir` salvages every complete top-level entry of a
+truncated report.json, reconstructs the verdict with the offline analyzer when there is none, and
+returns the list of what is missing, which the page shows at the top.
+"""
+
+from __future__ import annotations
+
+import datetime
+import html
+import json
+import math
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from elastic_diag.core.classify import format_ranks
+from elastic_diag.layout import HTML_FILE, REPORT_FILE
+from elastic_diag.report.document import SCHEMA, write_text_atomic
+from elastic_diag.report.rank_story import Group, RankRow, group_rows, integer, num, rank_rows, text
+
+EVIDENCE_RANKS = 12
+MAX_REPORT_BYTES = 256 << 20
+
+ROLE_COLOURS = {
+    "initiating": "#c62828",
+    "collateral": "#ef8f00",
+    "stopped": "#8a8f98",
+    "healthy": "#2e7d32",
+    "unknown": "#7b5ea7",
+}
+PROGRESS_COLOUR = "#1565c0"
+ERROR_COLOUR = "#111111"
+
+# -- loading ----------------------------------------------------------------------------------------
+
+
+def salvage_object(text: str) -> tuple[dict[str, Any], str | None]:
+    """The complete top-level entries of a JSON object that may be cut short, and where it broke.
+
+    A report cut mid-way (a full disk, a copy interrupted) still has its schema, status and
+    diagnosis, which come first; a list cut mid-way (``ranks``) keeps its complete elements.
+    """
+    decoder = json.JSONDecoder()
+    out: dict[str, Any] = {}
+    i = _skip_ws(text, 0)
+    if i >= len(text) or text[i] != "{":
+        return out, "not a JSON object"
+    i += 1
+    while True:
+        i = _skip_ws(text, i)
+        if i < len(text) and text[i] == "}":
+            return out, None
+        try:
+            key, i = decoder.raw_decode(text, i)
+            i = _skip_ws(text, i)
+            if i >= len(text) or text[i] != ":" or not isinstance(key, str):
+                return out, f"cut short after the key {key!r}"
+            i = _skip_ws(text, i + 1)
+            try:
+                value, i = decoder.raw_decode(text, i)
+            except ValueError:
+                if i < len(text) and text[i] == "[":
+                    out[key] = _salvage_list(text, i + 1)
+                    return out, f"cut short inside {key!r} (kept its first {len(out[key])} entries)"
+                return out, f"cut short inside {key!r}"
+            out[key] = value
+        except ValueError as e:
+            return out, f"cut short ({e.__class__.__name__} at character {i})"
+        i = _skip_ws(text, i)
+        if i < len(text) and text[i] == ",":
+            i += 1
+            continue
+        if i < len(text) and text[i] == "}":
+            return out, None
+        return out, f"cut short at character {i}"
+
+
+def _salvage_list(text: str, i: int) -> list[Any]:
+    decoder = json.JSONDecoder()
+    items: list[Any] = []
+    while True:
+        i = _skip_ws(text, i)
+        try:
+            value, i = decoder.raw_decode(text, i)
+        except ValueError:
+            return items
+        items.append(value)
+        i = _skip_ws(text, i)
+        if i >= len(text) or text[i] != ",":
+            return items
+        i += 1
+
+
+def _skip_ws(text: str, i: int) -> int:
+    while i < len(text) and text[i] in " \t\r\n":
+        i += 1
+    return i
+
+
+def load_report_dir(diag_dir: Path) -> tuple[dict[str, Any], list[str]]:
+    """The report of a diag dir and the list of what is missing from it; never raises for bad content.
+
+    With no usable verdict in report.json, the offline analyzer reads the rank folders and its
+    verdict stands in (said in the list)."""
+    problems: list[str] = []
+    path = diag_dir / REPORT_FILE
+    report: dict[str, Any] = {}
+    if not path.is_file():
+        problems.append(
+            f"no {REPORT_FILE} in {diag_dir} (the run may still be going, or was killed before it wrote one)"
+        )
+    else:
+        try:
+            with open(path, "rb") as fp:
+                raw = fp.read(MAX_REPORT_BYTES + 1)
+        except OSError as e:
+            raw = b""
+            problems.append(f"{REPORT_FILE} could not be read: {e}")
+        if len(raw) > MAX_REPORT_BYTES:
+            problems.append(f"{REPORT_FILE} is larger than {MAX_REPORT_BYTES >> 20} MB; only its beginning was read")
+            raw = raw[:MAX_REPORT_BYTES]
+        text = raw.decode("utf-8", errors="replace")
+        try:
+            loaded = json.loads(text)
+            if isinstance(loaded, dict):
+                report = loaded
+            else:
+                problems.append(f"{REPORT_FILE} holds a JSON {type(loaded).__name__}, not an object")
+        except ValueError:
+            report, where = salvage_object(text)
+            if text.strip():
+                problems.append(
+                    f"{REPORT_FILE} is incomplete ({where}); showing the {len(report)} complete "
+                    f"entries: {', '.join(report) or 'none'}"
+                )
+            else:
+                problems.append(f"{REPORT_FILE} is empty")
+    if report and report.get("schema") not in (None, SCHEMA):
+        problems.append(f"{REPORT_FILE} has schema {report.get('schema')!r}; this version renders {SCHEMA!r}")
+    if not isinstance(report.get("diagnosis"), dict) or not isinstance(report.get("ranks"), list):
+        report = _fill_from_analysis(diag_dir, report, problems)
+    for key in ("status", "diagnosis", "ranks", "attempts"):
+        if key not in report:
+            problems.append(f"{REPORT_FILE} has no {key!r}")
+    return report, problems
+
+
+def _fill_from_analysis(diag_dir: Path, report: dict[str, Any], problems: list[str]) -> dict[str, Any]:
+    from elastic_diag.offline.analyze import analyze_paths
+
+    try:
+        analysis = analyze_paths([diag_dir])
+    except Exception as e:  # the page is still written with what there is
+        problems.append(f"the offline analyzer could not read {diag_dir}: {e!r}")
+        return report
+    data = analysis.to_json()
+    if not data["ranks"] and not data["files"]:
+        problems.append(f"no rank evidence found in {diag_dir} either")
+        return report
+    filled = dict(report)
+    used = []
+    if not isinstance(filled.get("diagnosis"), dict):
+        filled["diagnosis"] = data["diagnosis"]
+        used.append("the verdict")
+    if not isinstance(filled.get("ranks"), list) or not filled["ranks"]:
+        filled["ranks"] = data["ranks"]
+        used.append("the ranks")
+    filled.setdefault(
+        "status", "failed" if data["diagnosis"].get("failure_class") not in ("healthy", None) else "unknown"
+    )
+    filled.setdefault("diag_dir", str(diag_dir))
+    if used:
+        problems.append(
+            f"{' and '.join(used)} reconstructed by `elastic-diag analyze` from the "
+            f"{len(data['files'])} file(s) in {diag_dir}"
+        )
+    return filled
+
+
+# -- the timeline -----------------------------------------------------------------------------------
+
+_W = 1000  # SVG width
+_LABEL_W = 250
+_ROW_H = 22
+_TOP = 34
+_PLOT_W = _W - _LABEL_W - 70  # room on the right for the exit labels
+
+
+def _nice_step(span: float) -> float:
+    raw = span / 8
+    power = 10 ** math.floor(math.log10(raw)) if raw > 0 else 1
+    for m in (1, 2, 5, 10):
+        if raw <= m * power:
+            return m * power
+    return 10 * power
+
+
+def _fmt_s(seconds: float) -> str:
+    if abs(seconds) >= 100 or float(seconds).is_integer():
+        return f"{seconds:.0f} s"
+    return f"{seconds:.1f} s" if abs(seconds) >= 1 else f"{seconds:.2f} s"
+
+
+def _times(groups: Sequence[Group], decided_at: float | None) -> list[float]:
+    times = [t for g in groups for r in g.rows for t in (r.start, r.progress, r.error, r.exit) if t is not None]
+    return [*times, decided_at] if decided_at is not None else times
+
+
+def failure_window(groups: Sequence[Group], decided_at: float | None) -> tuple[float, float] | None:
+    """The stretch from the first rank's last progress or first error to the end, when it is a small
+    part of the run (a long start-up would squeeze it into a few pixels); None when it is not."""
+    times = _times(groups, decided_at)
+    marks = [t for g in groups for r in g.rows for t in (r.progress, r.error) if t is not None]
+    if not times or not marks:
+        return None
+    lo, hi = min(marks), max(times)
+    if hi - lo >= 0.4 * (max(times) - min(times)):
+        return None
+    margin = max((hi - lo) * 0.1, 0.05)
+    return max(lo - margin, min(times)), hi
+
+
+def timeline_svg(
+    groups: Sequence[Group],
+    decided_at: float | None,
+    initiating: int | None,
+    window: tuple[float, float] | None = None,
+) -> str:
+    """Inline SVG: a row a group, x = seconds since the first rank started (``window``: draw only
+    that stretch; what lies before it starts at the left edge)."""
+    times = _times(groups, decided_at)
+    if not times:
+        return '<p class="missing">No times were recorded for these ranks, so there is no timeline.</p>'
+    origin = min(times)
+    t0, t1 = window or (origin, max(times))
+    span = max(t1 - t0, 1e-3)
+    height = _TOP + _ROW_H * len(groups) + 16
+
+    def x(t: float) -> float:
+        return round(_LABEL_W + (min(max(t, t0), t1) - t0) / span * _PLOT_W, 1)
+
+    out = [
+        f'<svg class="timeline" xmlns="http://www.w3.org/2000/svg" width="{_W}" height="{height}" '
+        f'viewBox="0 0 {_W} {height}" role="img" aria-label="per-rank timeline">'
+    ]
+    step = _nice_step(span)
+    tick = math.ceil((t0 - origin) / step - 1e-9) * step
+    while origin + tick <= t1 + 1e-9:
+        xt = x(origin + tick)
+        out.append(
+            f'<line x1="{xt}" y1="{_TOP - 6}" x2="{xt}" y2="{height - 12}" class="grid"/>'
+            f'<text x="{xt}" y="{_TOP - 10}" class="tick">{_fmt_s(tick)}</text>'
+        )
+        tick += step
+    for i, g in enumerate(groups):
+        y = _TOP + i * _ROW_H
+        mid = y + _ROW_H / 2
+        first = g.first
+        is_init = first.role == "initiating" or (initiating is not None and any(r.rank == initiating for r in g.rows))
+        colour = ROLE_COLOURS.get(first.role, ROLE_COLOURS["unknown"])
+        if i % 2 == 0:
+            out.append(f'<rect x="0" y="{y}" width="{_W}" height="{_ROW_H}" class="stripe"/>')
+        if is_init:
+            out.append(f'<rect x="0" y="{y}" width="{_W}" height="{_ROW_H}" class="initiating-row"/>')
+        weight = ' font-weight="bold"' if is_init else ""
+        label = ("&#9654; " if is_init else "") + html.escape(_clip(g.label, 38))
+        out.append(
+            f'<text x="6" y="{mid + 4}" class="label"{weight}>{label}<title>ranks {html.escape(g.members)}: '
+            f"{html.escape(first.role)}</title></text>"
+        )
+        start = g.span("start")
+        end_candidates = [v for v in (g.span("exit"), g.span("error"), g.span("progress")) if v]
+        begin = start[0] if start else t0
+        end = max((v[1] for v in end_candidates), default=None)
+        if end is None or (g.span("exit") is None and decided_at is not None):
+            end = max(end or t1, decided_at or t1)
+        bar_h = 10 if is_init else 7
+        out.append(
+            f'<rect x="{x(begin)}" y="{mid - bar_h / 2}" width="{max(x(end) - x(begin), 1.5)}" '
+            f'height="{bar_h}" rx="2" fill="{colour}" class="bar"><title>{html.escape(_story(g))}</title></rect>'
+        )
+        for kind, words in (("progress", "last progress"), ("error", "first error")):
+            if (sp := g.span(kind)) is not None:
+                until = f" to {_fmt_s(sp[1] - origin)}" if sp[1] > sp[0] else ""
+                out.append(_marker_span(x(sp[0]), x(sp[1]), mid, kind, f"{words} {_fmt_s(sp[0] - origin)}{until}"))
+        if (ex := g.span("exit")) is not None:
+            out.append(
+                f'<line x1="{x(ex[1])}" y1="{mid - 7}" x2="{x(ex[1])}" y2="{mid + 7}" class="exit">'
+                f"<title>exit ({html.escape(first.how)}) at {_fmt_s(ex[1] - origin)}</title></line>"
+                f'<text x="{x(ex[1]) + 4}" y="{mid + 4}" class="how">{html.escape(first.how)}</text>'
+            )
+    if decided_at is not None:
+        xd = x(decided_at)
+        out.append(
+            f'<line x1="{xd}" y1="{_TOP - 4}" x2="{xd}" y2="{height - 12}" class="teardown">'
+            f"<title>the launcher's verdict, then teardown, at {_fmt_s(decided_at - origin)}</title></line>"
+            f'<text x="{xd - 4}" y="{height - 2}" class="teardown-label" text-anchor="end">verdict + teardown</text>'
+        )
+    out.append("</svg>")
+    return "".join(out)
+
+
+def _marker_span(x0: float, x1: float, mid: float, kind: str, title: str) -> str:
+    band = ""
+    if x1 - x0 >= 2:
+        band = f'<rect x="{x0}" y="{mid - 2}" width="{x1 - x0}" height="4" class="{kind}-band"/>'
+    if kind == "progress":
+        mark = f'<circle cx="{x0}" cy="{mid}" r="4" class="progress"/>'
+    else:
+        mark = f'<path d="M{x0} {mid - 6} L{x0 + 5} {mid} L{x0} {mid + 6} L{x0 - 5} {mid} Z" class="error"/>'
+    return f"<g>{band}{mark}<title>{html.escape(title)}</title></g>"
+
+
+def _story(g: Group) -> str:
+    r = g.first
+    parts = [f"{g.label}: {r.role}, {r.how}"]
+    if r.exception:
+        parts.append(r.exception)
+    if r.location:
+        parts.append(f"at {r.location}")
+    return "; ".join(parts)
+
+
+def _clip(text: str, n: int) -> str:
+    return text if len(text) <= n else text[: n - 1] + "\u2026"
+
+
+# -- the page ---------------------------------------------------------------------------------------
+
+_CSS = """
+body{font:14px/1.45 system-ui,-apple-system,"Segoe UI",Roboto,sans-serif;margin:0;color:#1d1d1f;background:#fafafa}
+main{max-width:1040px;margin:0 auto;padding:20px}
+h1{font-size:20px;margin:0 0 12px}
+h2{font-size:17px;margin:28px 0 8px;border-bottom:1px solid #ddd}
+h3{font-size:15px;margin:18px 0 6px}
+.verdict{border-left:6px solid #c62828;background:#fff;padding:12px 16px;box-shadow:0 1px 2px #0002}
+.verdict.ok{border-color:#2e7d32}
+.verdict .who{font-size:18px;font-weight:600}
+.cls{display:inline-block;background:#c62828;color:#fff;border-radius:3px;padding:0 6px;font-size:13px}
+.verdict.ok .cls{background:#2e7d32}
+dl{display:grid;grid-template-columns:110px 1fr;gap:4px 12px;margin:10px 0 0}
+dt{color:#555}
+dd{margin:0}
+code,pre{font:12px/1.4 ui-monospace,SFMono-Regular,Menlo,Consolas,monospace}
+pre{background:#f1f1f1;padding:8px;overflow-x:auto;white-space:pre-wrap;max-height:420px;overflow-y:auto}
+.cmd{background:#1d1d1f;color:#f5f5f5;padding:6px 8px;display:block;border-radius:3px;white-space:pre-wrap}
+table{border-collapse:collapse;width:100%;background:#fff}
+th,td{text-align:left;padding:3px 8px;border-bottom:1px solid #e5e5e5;vertical-align:top}
+th{background:#f0f0f0}
+td code{word-break:break-word}
+td.init{font-weight:600;color:#c62828}
+.missing{background:#fff4e5;border:1px solid #f0b35b;padding:8px 12px}
+.warn{background:#fffbe6;border:1px solid #e6d26a;padding:6px 12px;margin:6px 0}
+svg.timeline{background:#fff;border:1px solid #ddd;max-width:100%;height:auto}
+svg .grid{stroke:#e3e3e3}
+svg .tick{font-size:11px;fill:#666;text-anchor:middle}
+svg .stripe{fill:#f7f7f7}
+svg .initiating-row{fill:#c6282814}
+svg .label{font-size:12px;fill:#222}
+svg .how{font-size:10px;fill:#444}
+svg .exit{stroke:#111;stroke-width:2}
+svg .progress{fill:#1565c0;stroke:#fff}
+svg .progress-band{fill:#1565c066}
+svg .error{fill:#111;stroke:#fff}
+svg .error-band{fill:#1116}
+svg .teardown{stroke:#6a1b9a;stroke-width:1.5;stroke-dasharray:5 3}
+svg .teardown-label{font-size:11px;fill:#6a1b9a}
+.legend span{margin-right:14px;font-size:12px}
+.sw{display:inline-block;width:14px;height:8px;margin-right:4px;vertical-align:middle}
+details{margin:6px 0;background:#fff;border:1px solid #e5e5e5;padding:4px 10px}
+summary{cursor:pointer;font-weight:600}
+.muted{color:#666}
+"""
+
+
+def _dict(value: Any) -> dict[str, Any]:
+    return value if isinstance(value, dict) else {}
+
+
+def _list(value: Any) -> list[Any]:
+    return value if isinstance(value, list) else []
+
+
+def _e(value: Any) -> str:
+    return html.escape(text(value))
+
+
+def _when(t: float | None) -> str:
+    if t is None:
+        return ""
+    return datetime.datetime.fromtimestamp(t, tz=datetime.UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def _verdict(report: dict[str, Any]) -> str:
+    d = _dict(report.get("diagnosis"))
+    status = text(report.get("status")) or "unknown"
+    cls = text(d.get("failure_class")) or "unknown"
+    ok = status == "succeeded"
+    rank = integer(d.get("initiating_rank"))
+    if ok:
+        who = "The job succeeded"
+    elif rank is not None:
+        node = f" on {_e(d.get('initiating_node'))}" if d.get("initiating_node") else ""
+        who = f"Initiating rank {rank}{node}"
+    elif d.get("all_ranks") is True:
+        who = "Every rank failed the same way"
+    else:
+        who = "No rank could be named"
+    exc = f" ({_e(d.get('exception_type'))})" if d.get("exception_type") else ""
+    rows = [f"<dt>summary</dt><dd>{_e(d.get('summary'))}</dd>"]
+    if d.get("signature_id"):
+        rows.append(
+            f"<dt>signature</dt><dd><code>{_e(d['signature_id'])}</code> "
+            f'<span class="muted">(<code>elastic-diag explain {_e(d["signature_id"])}</code>)</span></dd>'
+        )
+    if d.get("fix"):
+        rows.append(f"<dt>fix</dt><dd>{_e(' '.join(str(d['fix']).split()))}</dd>")
+    if d.get("verify"):
+        rows.append(f'<dt>verify</dt><dd><code class="cmd">{_e(d["verify"])}</code></dd>')
+    evidence = _list(d.get("evidence"))
+    if evidence:
+        items = "".join(f"<li><code>{_e(line)}</code></li>" for line in evidence[:20])
+        rows.append(f"<dt>decisive lines</dt><dd><ul>{items}</ul></dd>")
+    if d.get("rule"):
+        rows.append(f'<dt>decided by</dt><dd><code>{_e(d["rule"])}</code> <span class="muted">(the attribution '
+                    "rules and their order: docs/attribution.md)</span></dd>")  # fmt: skip
+    return (
+        f'<section class="verdict{" ok" if ok else ""}" id="verdict"><div class="who">{who}: '
+        f'<span class="cls">{_e(cls)}</span>{exc}</div><dl>{"".join(rows)}</dl></section>'
+    )
+
+
+def _collective(d: dict[str, Any]) -> str:
+    c = d.get("collective")
+    if not isinstance(c, dict):
+        return ""
+    sides = _dict(c.get("sides"))
+    source = _dict(c.get("source"))
+    by_side: dict[tuple[str, str], list[int]] = {}
+    for r, side in sides.items():
+        try:
+            by_side.setdefault((text(side), text(source.get(r))), []).append(int(r))
+        except ValueError:
+            continue
+    rows = "".join(
+        f"<tr><td>{_e(format_ranks(ranks))}</td><td><code>{_e(side)}</code></td><td><code>{_e(src)}</code></td></tr>"
+        for (side, src), ranks in sorted(by_side.items(), key=lambda kv: min(kv[1]))
+    )
+    return (
+        f"<h3>Where the collective schedules part</h3><p>{_e(c.get('kind'))} at process group "
+        f"<code>{_e(c.get('process_group'))}</code>, collective #{_e(c.get('seq'))}</p>"
+        f"<table><tr><th>ranks</th><th>what they issued</th><th>from</th></tr>{rows}</table>"
+    )
+
+
+def _rank_table(groups: Sequence[Group]) -> str:
+    head = "<tr><th>rank(s)</th><th>role</th><th>ended</th><th>exception / error</th><th>where</th><th>steps</th></tr>"
+    body = []
+    for g in groups:
+        r = g.first
+        steps = {x.steps for x in g.rows if x.steps is not None}
+        steps_text = "" if not steps else (str(min(steps)) if len(steps) == 1 else f"{min(steps)}-{max(steps)}")
+        cls = ' class="init"' if r.role == "initiating" else ""
+        body.append(
+            f'<tr><td{cls} title="ranks {_e(g.members)}">{_e(g.label)}</td>'
+            f"<td{cls}>{_e(r.role)}</td><td>{_e(r.how)}</td>"
+            f"<td><code>{_e(_clip(r.exception, 140))}</code></td><td><code>{_e(r.location)}</code></td>"
+            f"<td>{steps_text}</td></tr>"
+        )
+    return f"<table>{head}{''.join(body)}</table>"
+
+
+def _legend() -> str:
+    roles = "".join(f'<span><i class="sw" style="background:{c}"></i>{r}</span>' for r, c in ROLE_COLOURS.items())
+    return (
+        f'<p class="legend">{roles}<span>&#9679; last progress</span><span>&#9670; first error</span>'
+        "<span>| exit</span><span>- - verdict + teardown</span></p>"
+    )
+
+
+def _evidence(groups: Sequence[Group], initiating: int | None) -> str:
+    chosen: list[RankRow] = []
+    for g in groups:  # the initiating rank first, then one rank of each story
+        for r in g.rows:
+            if r.rank == initiating or r.role == "initiating":
+                chosen.append(r)
+    for g in groups:
+        if len(chosen) >= EVIDENCE_RANKS:
+            break
+        if g.first not in chosen:
+            chosen.append(g.first)
+    out = []
+    for r in chosen:
+        e = r.entry
+        parts = []
+        if r.exception:
+            parts.append(f"<p><b>exception</b> <code>{_e(r.exception)}</code></p>")
+        if r.location:
+            parts.append(f"<p><b>where</b> <code>{_e(r.location)}</code></p>")
+        times = [
+            (name, t)
+            for name, t in (
+                ("started", r.start),
+                ("last progress", r.progress),
+                ("first error", r.error),
+                ("exited", r.exit),
+            )
+            if t is not None
+        ]
+        if times:
+            parts.append('<p class="muted">' + " &middot; ".join(f"{n} {_when(t)}" for n, t in times) + "</p>")
+        lines = _list(e.get("last_lines"))
+        if lines:
+            parts.append(f"<p><b>last lines of stderr</b></p><pre>{_e(chr(10).join(map(str, lines)))}</pre>")
+        errors = _list(e.get("errors"))
+        if errors and not lines:
+            parts.append(f"<p><b>error lines</b></p><pre>{_e(chr(10).join(map(str, errors)))}</pre>")
+        if isinstance(e.get("stack"), str) and e["stack"].strip():
+            parts.append(f"<p><b>stack taken before teardown</b></p><pre>{_e(e['stack'].strip())}</pre>")
+        if e.get("evidence_dir"):
+            parts.append(f'<p class="muted">files: <code>{_e(e["evidence_dir"])}</code></p>')
+        if not parts:
+            parts.append('<p class="muted">no evidence was captured for this rank</p>')
+        group_note = ""
+        group = next((g for g in groups if r in g.rows), None)
+        if group is not None and len(group.rows) > 1:
+            group_note = f" (one of {group.label}, {len(group.rows)} ranks with the same story)"
+        opened = " open" if r.role == "initiating" else ""
+        out.append(
+            f"<details{opened}><summary>rank {r.rank}{' on ' + _e(r.node) if r.node else ''}: "
+            f"{_e(r.role)}{_e(group_note)}</summary>{''.join(parts)}</details>"
+        )
+    shown = {r.rank for r in chosen}
+    rest = [r.rank for g in groups for r in g.rows if r.rank not in shown]
+    if rest:
+        out.append(
+            f'<p class="muted">Not shown: ranks {_e(format_ranks(rest))}; each rank\'s stderr, stack and '
+            "flight recorder are in its folder under the diag dir.</p>"
+        )
+    return "".join(out)
+
+
+def _gate(gate: Any) -> str:
+    if not isinstance(gate, dict):
+        return ""
+    controls = _list(gate.get("controls"))
+    rows = "".join(
+        f"<tr><td>{_e(c.get('name'))}</td><td>{'passed' if c.get('passed') else '<b>FAILED</b>'}</td>"
+        f"<td>{_e(c.get('summary'))}</td><td><code>{_e(c.get('output_file'))}</code></td></tr>"
+        for c in controls
+        if isinstance(c, dict)
+    )
+    table = (
+        f"<table><tr><th>control</th><th>result</th><th>summary</th><th>output</th></tr>{rows}</table>" if rows else ""
+    )
+    return f"<h3>Restart gate</h3><p><b>{_e(gate.get('decision'))}</b>: {_e(gate.get('reason'))}</p>{table}"
+
+
+def _attempt(a: dict[str, Any], n_attempts: int, top_initiating: int | None) -> str:
+    d = _dict(a.get("diagnosis"))
+    rows = rank_rows(_list(a.get("ranks")), num(a.get("decided_at")))
+    groups = group_rows(rows)
+    initiating = integer(d.get("initiating_rank"))
+    if initiating is None:
+        initiating = top_initiating
+    title = f"Attempt {_e(a.get('attempt'))}" if n_attempts > 1 or "attempt" in a else "Ranks"
+    status = _e(a.get("status"))
+    out = [
+        f'<section class="attempt"><h2>{title}{": " + status if status else ""}'
+        f"{' &middot; ' + _e(d.get('failure_class')) if d.get('failure_class') else ''}</h2>"
+    ]
+    if n_attempts > 1 and d.get("summary"):
+        out.append(f"<p>{_e(d['summary'])}</p>")
+    if a.get("came_up") is False:
+        out.append(
+            '<p class="warn">This attempt never came up (no collective completed on any rank): the restart '
+            "failed, not the job.</p>"
+        )
+    hang = a.get("hang")
+    if isinstance(hang, dict):
+        out.append(
+            f'<p class="warn">Health monitor: {_e(hang.get("reason"))} (no progress for '
+            f"{_e(hang.get('stalled_s'))} s, threshold {_e(hang.get('threshold_s'))} s)</p>"
+        )
+    if rows:
+        grouped = len(groups) < len(rows)
+        out.append(f"<h3>Timeline{' (ranks with the same story share a row)' if grouped else ''}</h3>")
+        out.append(_legend())
+        decided_at = num(a.get("decided_at"))
+        window = failure_window(groups, decided_at)
+        if window is not None:
+            out.append('<p class="muted">Around the failure (seconds since the first rank started):</p>')
+            out.append(timeline_svg(groups, decided_at, initiating, window))
+            out.append('<p class="muted">The whole attempt:</p>')
+        out.append(timeline_svg(groups, decided_at, initiating))
+        out.append(_collective(d))
+        out.append(f"<h3>What every rank was doing ({len(rows)} ranks)</h3>")
+        out.append(_rank_table(groups))
+        out.append("<h3>Evidence</h3>")
+        out.append(_evidence(groups, initiating))
+    else:
+        out.append('<p class="missing">No rank is recorded for this attempt.</p>')
+    out.append(_gate(a.get("gate")))
+    nodes = a.get("nodes")
+    if isinstance(nodes, dict):
+        out.append(f"<h3>Nodes</h3><pre>{_e(json.dumps(nodes, indent=1)[:4000])}</pre>")
+    out.append("</section>")
+    return "".join(out)
+
+
+def render_html(report: dict[str, Any], problems: Sequence[str] = (), source: str = "") -> str:
+    """The page for one report (as loaded by :func:`load_report_dir`, or straight from a session)."""
+    d = _dict(report.get("diagnosis"))
+    attempts = [a for a in _list(report.get("attempts")) if isinstance(a, dict)]
+    if not attempts and isinstance(report.get("ranks"), list):
+        attempts = [{"status": report.get("status"), "diagnosis": d, "ranks": report["ranks"]}]
+    cls = text(d.get("failure_class")) or "unknown"
+    rank = integer(d.get("initiating_rank"))
+    title = f"elastic_diag: {text(report.get('status')) or 'report'}: {cls}" + (
+        f", rank {rank}" if rank is not None else ""
+    )
+    out = [
+        "<!DOCTYPE html>",
+        '<html lang="en"><head><meta charset="utf-8">',
+        '<meta name="viewport" content="width=device-width, initial-scale=1">',
+        f"<title>{html.escape(title)}</title><style>{_CSS}</style></head><body><main>",
+        f"<h1>{html.escape(title)}</h1>",
+    ]
+    if problems:
+        items = "".join(f"<li>{_e(p)}</li>" for p in problems)
+        out.append(f'<section class="missing" id="missing"><b>Incomplete report</b><ul>{items}</ul></section>')
+    out.append(_verdict(report))
+    for w in _list(report.get("warnings")):
+        if isinstance(w, dict):
+            out.append(f'<p class="warn">warning ({_e(w.get("class"))}): {_e(w.get("summary"))}</p>')
+    for err in _list(report.get("internal_errors")):
+        out.append(f'<p class="warn">elastic_diag internal error (the job was not affected): {_e(err)}</p>')
+    for a in reversed(attempts):  # the last attempt (the job's end) first
+        out.append(_attempt(a, len(attempts), rank))
+    notes = _list(report.get("notes"))
+    if notes:
+        out.append("<h2>Notes</h2><ul>" + "".join(f"<li>{_e(n)}</li>" for n in notes) + "</ul>")
+    meta = [
+        ("run id", report.get("run_id")),
+        ("node", report.get("node")),
+        ("diag dir", report.get("diag_dir")),
+        ("report", source),
+        ("schema", report.get("schema")),
+    ]
+    out.append(
+        "<h2>About this report</h2><dl>"
+        + "".join(f"<dt>{k}</dt><dd><code>{_e(v)}</code></dd>" for k, v in meta if v)
+        + "</dl></main></body></html>"
+    )
+    return "\n".join(out)
+
+
+def write_html(diag_dir: Path, report: dict[str, Any] | None = None) -> tuple[Path, list[str]]:
+    """Render ``diag_dir/report.html`` (from ``report``, or from what is in the folder); returns the
+    path and what was missing. Written atomically, like report.json."""
+    problems: list[str] = []
+    if report is None:
+        report, problems = load_report_dir(diag_dir)
+    text = render_html(report, problems, source=str(diag_dir / REPORT_FILE))
+    path = diag_dir / HTML_FILE
+    write_text_atomic(path, text)
+    return path, problems

@@ -1,0 +1,325 @@
+"""Worker side of the health monitor: a progress beacon and a dump responder in every rank.
+
+Started by the worker bootstrap (no change to the training script). A daemon thread wakes every
+``ELASTIC_DIAG_PROGRESS_INTERVAL`` seconds (default 0.5) and:
+
+* writes ``progress.json`` in the rank's evidence folder: optimizer steps (a global optimizer
+  step hook) and the durations of the last ones, ``loss.backward()`` calls, explicit
+  :func:`elastic_diag.heartbeat` calls, the open :func:`elastic_diag.watch` section, and the
+  process groups' sequence numbers from the flight recorder (``last_enqueued`` /
+  ``last_completed``: 5 us to read). The agent's health monitor reads these files;
+* answers a dump request from the agent (a ``dump.request`` file): all threads' stacks
+  (faulthandler, into ``stacks.txt``) and the flight recorder's entries (``fr_trace.json``), then
+  ``dump.done``. A Python thread runs while the main thread is blocked in a C++ collective, on a
+  lock or in a Python loop (the GIL is released or switched every 5 ms); a rank that never lets it
+  run is dumped by the agent's faulthandler signal instead.
+
+The flight recorder is also written when the rank dies of an uncaught exception and when it exits
+(JSON without stack traces: about 2 ms for 2,000 entries). The first ``loss.backward()`` on a
+non-finite scalar is recorded in ``nonfinite.json`` (checked one step late, so a GPU loss costs no
+extra synchronisation). ``ELASTIC_DIAG_NO_TORCH_HOOKS=1`` turns the optimizer and backward hooks off.
+
+Standard library only at import; torch is looked at only once the script has imported it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import faulthandler
+import json
+import math
+import os
+import sys
+import threading
+import time
+from collections import deque
+from collections.abc import Iterator
+from typing import Any
+
+from elastic_diag.layout import (
+    DUMP_DONE_FILE,
+    DUMP_REQUEST_FILE,
+    ENV_BEACON,
+    ENV_NO_TORCH_HOOKS,
+    ENV_PROGRESS_INTERVAL,
+    FR_FILE,
+    FR_MAX_BYTES,
+    NONFINITE_FILE,
+    PROGRESS_FILE,
+)
+
+ENV_INTERVAL = ENV_PROGRESS_INTERVAL
+STEP_HISTORY = 32
+
+
+class Beacon:
+    """The rank's progress counters and the thread that publishes them."""
+
+    def __init__(self, rank_dir: str, interval: float, stacks_file: Any) -> None:
+        self.rank_dir = rank_dir
+        self.interval = interval
+        self.stacks_file = stacks_file
+        self.lock = threading.Lock()
+        self.steps = 0
+        self.step_durations: deque[float] = deque(maxlen=STEP_HISTORY)
+        self.last_step: float | None = None
+        self.progress_time: float | None = None  # wall clock of the last step, backward or heartbeat
+        self.backward = 0
+        self.heartbeats = 0
+        self.watch: list[Any] | None = None  # [name, started, timeout]
+        self.pending_loss: tuple[int, float, Any, str] | None = None
+        self.nonfinite_written = False
+        self.hooks_installed = False
+        self.distributed_seen = False
+        self.final_dump: str | None = None
+        self.step_hook: Any = None  # the optimizer hook's handle
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, name="elastic-diag-beacon", daemon=True)
+
+    # -- the thread --------------------------------------------------------------------------------
+    def start(self) -> None:
+        self.thread.start()
+
+    def _run(self) -> None:
+        failures = 0
+        while not self.stop.wait(self.interval):
+            try:
+                self.tick()
+                failures = 0
+            except Exception as e:  # never break the rank; a passing error (an import under way) is retried
+                failures += 1
+                if failures == 20:
+                    print(f"elastic_diag: progress beacon stopped after 20 failed ticks: {e!r}", file=sys.stderr)
+                    return
+
+    def tick(self) -> None:
+        if not self.hooks_installed and "torch" in sys.modules:
+            self._install_torch_hooks()
+        request = os.path.join(self.rank_dir, DUMP_REQUEST_FILE)
+        if os.path.exists(request):
+            self._answer_dump(request)
+        self._write(PROGRESS_FILE, self.snapshot())
+
+    def snapshot(self) -> dict[str, Any]:
+        with self.lock:
+            data: dict[str, Any] = {
+                "time": time.time(),
+                "pid": os.getpid(),
+                "steps": self.steps,
+                "progress_time": self.progress_time,
+                "step_durations": list(self.step_durations),
+                "backward": self.backward,
+                "heartbeats": self.heartbeats,
+                "watch": self.watch,
+            }
+        data["pg_status"] = pg_status()
+        if data["pg_status"]:
+            self.distributed_seen = True
+        return data
+
+    # -- dumps -------------------------------------------------------------------------------------
+    def _answer_dump(self, request: str) -> None:
+        try:
+            with open(request) as fp:
+                request_id = fp.read().strip()
+            os.unlink(request)
+        except OSError:
+            return
+        try:
+            self.stacks_file.write(f"\n--- elastic_diag dump {request_id} at {time.time():.6f} ---\n")
+            self.stacks_file.flush()
+            faulthandler.dump_traceback(file=self.stacks_file, all_threads=True)
+            self.stacks_file.flush()
+        except (OSError, ValueError):
+            pass
+        self.dump_flight_recorder("hang-request")
+        self._write(DUMP_DONE_FILE, {"id": request_id, "time": time.time()})
+
+    def dump_flight_recorder(self, reason: str) -> None:
+        """The flight recorder's entries into ``fr_trace.json`` (the last dump wins)."""
+        raw = fr_trace_json()
+        if raw is None or len(raw) > FR_MAX_BYTES:
+            return
+        try:
+            trace = json.loads(raw)
+        except ValueError:
+            return
+        if not trace.get("entries") and not trace.get("pg_status"):
+            return
+        self._write(FR_FILE, {"reason": reason, "time": time.time(), "pid": os.getpid(), "trace": trace})
+
+    def at_exit(self, reason: str) -> None:
+        """On an uncaught exception (from the excepthook) and at interpreter exit (atexit); the
+        exception's dump is kept."""
+        self.check_pending_loss()
+        if reason == "exit" and self.thread.ident is not None:  # the beacon ran
+            # the health monitor stops watching a rank that is on its way out (interpreter teardown with
+            # torch can take seconds, and its last snapshot may be from inside the final collective)
+            self._write(PROGRESS_FILE, {**self.snapshot(), "exiting": True})
+        if self.final_dump is None and (self.distributed_seen or pg_status()):
+            self.final_dump = reason
+            self.dump_flight_recorder(reason)
+
+    # -- hooks -------------------------------------------------------------------------------------
+    def _install_torch_hooks(self) -> None:
+        self.hooks_installed = True
+        if os.environ.get(ENV_NO_TORCH_HOOKS, "") not in ("", "0"):
+            return
+        torch = sys.modules["torch"]
+        optim = sys.modules.get("torch.optim.optimizer")
+        register = getattr(optim, "register_optimizer_step_post_hook", None)
+        if register is None or getattr(torch, "Tensor", None) is None or not hasattr(torch, "autograd"):
+            self.hooks_installed = False  # torch is still being imported (by the main thread): next tick
+            return
+        self.step_hook = register(self._on_step)
+        original = torch.Tensor.backward
+        beacon = self
+
+        def backward(tensor: Any, *args: Any, **kwargs: Any) -> Any:
+            beacon.on_backward(tensor)
+            return original(tensor, *args, **kwargs)
+
+        backward.__doc__ = original.__doc__
+        backward.__wrapped__ = original  # type: ignore[attr-defined]
+        torch.Tensor.backward = backward
+
+    def _on_step(self, *_: Any) -> None:
+        now = time.monotonic()
+        with self.lock:
+            if self.last_step is not None:
+                self.step_durations.append(now - self.last_step)
+            self.last_step = now
+            self.steps += 1
+            self.progress_time = time.time()
+
+    def on_backward(self, tensor: Any) -> None:
+        with self.lock:
+            self.backward += 1
+            self.progress_time = time.time()
+            count = self.backward
+        try:
+            if tensor.numel() != 1 or not tensor.is_floating_point():
+                return
+            self.check_pending_loss()  # the previous step's flag: long computed by now
+            if self.nonfinite_written:
+                return
+            frame = sys._getframe(2)
+            if tensor.device.type == "cpu":  # a CPU scalar: read it now (a few us)
+                if not math.isfinite(tensor.item()):
+                    self.pending_loss = (count, time.time(), False, _where(frame))
+                    self.check_pending_loss()
+                return
+            # on a device: keep the flag and read it one step later, when it is long computed
+            self.pending_loss = (count, time.time(), tensor.detach().isfinite(), _where(frame))
+        except Exception:
+            return
+
+    def check_pending_loss(self) -> None:
+        pending, self.pending_loss = self.pending_loss, None
+        if pending is None or self.nonfinite_written:
+            return
+        count, when, flag, where = pending
+        try:
+            finite = bool(flag)
+        except Exception:
+            return
+        if not finite:
+            self.nonfinite_written = True
+            self._write(NONFINITE_FILE, {"what": "loss", "backward": count, "step": self.steps, "time": when,
+                                         "where": where})  # fmt: skip
+
+    # -- files -------------------------------------------------------------------------------------
+    def _write(self, name: str, data: dict[str, Any]) -> None:
+        path = os.path.join(self.rank_dir, name)
+        tmp = f"{path}.tmp{os.getpid()}"
+        try:
+            with open(tmp, "w") as fp:
+                json.dump(data, fp)
+            os.replace(tmp, path)
+        except (OSError, TypeError, ValueError):
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+
+
+def _where(frame: Any) -> str:
+    return f"{frame.f_code.co_filename}:{frame.f_lineno} in {frame.f_code.co_name}"
+
+
+def _distributed() -> Any:
+    dist = sys.modules.get("torch.distributed")
+    if dist is None or not getattr(dist, "is_available", lambda: False)():
+        return None
+    return dist
+
+
+def pg_status() -> dict[str, Any]:
+    """Per process group: last enqueued / started / completed collective sequence numbers."""
+    if _distributed() is None:
+        return {}
+    try:
+        c10d = sys.modules["torch"]._C._distributed_c10d
+        raw = c10d._dump_fr_trace_json(includeCollectives=False)
+        status = json.loads(raw).get("pg_status") or {}
+        return status if isinstance(status, dict) else {}
+    except Exception:
+        return {}
+
+
+def fr_trace_json() -> bytes | None:
+    if _distributed() is None:
+        return None
+    try:
+        raw: bytes = sys.modules["torch"]._C._distributed_c10d._dump_fr_trace_json()
+        return raw
+    except Exception:
+        return None
+
+
+# -- the public API (elastic_diag.heartbeat / elastic_diag.watch) -------------------------------------
+_beacon: Beacon | None = None
+
+
+def start(rank_dir: str, stacks_file: Any) -> Beacon:
+    """The rank's beacon; its thread and hooks only when ``ELASTIC_DIAG_BEACON`` is not ``0`` (the
+    launcher sets 0 with ``--diag-hang-timeout off``; the flight recorder is still written at exit)."""
+    global _beacon
+    try:
+        interval = float(os.environ.get(ENV_INTERVAL, "") or 0.5)
+    except ValueError:
+        interval = 0.5
+    _beacon = Beacon(rank_dir, max(0.05, interval), stacks_file)
+    if os.environ.get(ENV_BEACON, "1") != "0":
+        _beacon.start()
+    return _beacon
+
+
+def current() -> Beacon | None:
+    return _beacon
+
+
+def heartbeat() -> None:
+    """Tell the health monitor this rank is making progress (a no-op outside elastic_diag)."""
+    b = _beacon
+    if b is not None:
+        with b.lock:
+            b.heartbeats += 1
+            b.progress_time = time.time()
+
+
+@contextlib.contextmanager
+def watch(name: str, timeout: float | None = None) -> Iterator[None]:
+    """A section that must finish within ``timeout`` seconds; the health monitor calls a rank that
+    stays longer a hang (with no timeout: the section only counts as progress when it ends)."""
+    b = _beacon
+    if b is None:
+        yield
+        return
+    with b.lock:
+        previous, b.watch = b.watch, [name, time.time(), timeout]
+    try:
+        yield
+    finally:
+        with b.lock:
+            b.watch = previous
+            b.heartbeats += 1
+            b.progress_time = time.time()

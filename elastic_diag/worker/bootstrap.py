@@ -1,0 +1,240 @@
+"""Worker-side bootstrap: evidence a rank records about itself, with no change to the user's script.
+
+The launcher puts ``elastic_diag/_boot`` first on each worker's ``PYTHONPATH``; its
+``sitecustomize`` calls :func:`install` when ``ELASTIC_DIAG_RANK_DIR`` is set, then chains to any
+``sitecustomize`` the environment already had. :func:`install`:
+
+* enables :mod:`faulthandler` for fatal signals (SIGSEGV, SIGBUS, SIGILL, SIGFPE, SIGABRT) into the
+  rank's stderr, which the launcher keeps on disk;
+* registers a stack dump of all threads on :data:`DUMP_SIGNAL` (SIGURG, whose default action is
+  *ignore*, so a rank that is already finalizing is not killed by it). faulthandler writes from C,
+  so the dump works while the main thread is blocked inside a C++ collective;
+* wraps :data:`sys.excepthook` to record the exception type, its class's bases (so a numpy
+  ``_ArrayMemoryError`` is known for a ``MemoryError``), the exceptions it was raised while handling,
+  message, traceback and a sub-millisecond timestamp in ``exception.json``, and the torchelastic
+  error file when the script has no ``@record`` of its own; an exception whose ``__str__`` raises,
+  or whose message is megabytes long, is recorded with what can be said of it;
+* wraps :data:`threading.excepthook` to record the first uncaught exception of another thread in
+  ``thread_exception.json`` (a prefetch thread that dies leaves its main thread waiting forever);
+* starts the progress beacon (:mod:`elastic_diag.beacon`) that the agent's health monitor reads,
+  and writes the flight recorder's entries when the rank dies of an exception or exits;
+* removes its own variables from the environment, so that subprocesses of the rank do not write
+  into the rank's evidence.
+
+This module imports only the standard library: it runs before the user's script, on every rank.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import faulthandler
+import json
+import os
+import signal
+import sys
+import threading
+import time
+import traceback
+from types import TracebackType
+from typing import IO, Any
+
+from elastic_diag.layout import (
+    ENV_BOOT_PATH,
+    ENV_RANK_DIR,
+    EXCEPTION_FILE,
+    STACKS_FILE,
+    THREAD_EXCEPTION_FILE,
+    WORKER_FILE,
+)
+from elastic_diag.worker import beacon
+
+DUMP_SIGNAL = signal.SIGURG
+
+MESSAGE_LIMIT = 64 * 1024  # characters of an exception's message kept (a 1 MB message is cut, and says so)
+TRACEBACK_LIMIT = 256 * 1024
+CHAIN_LIMIT = 8
+
+_state: dict[str, Any] = {}
+
+
+def exception_type_name(etype: type[BaseException]) -> str:
+    """The exception's name as Python prints it on the last traceback line."""
+    module = etype.__module__
+    if module in ("builtins", "__main__"):
+        return etype.__qualname__
+    return f"{module}.{etype.__qualname__}"
+
+
+def _write_json(path: str, data: dict[str, Any]) -> None:
+    tmp = f"{path}.tmp{os.getpid()}"
+    with open(tmp, "w") as fp:
+        json.dump(data, fp)
+    os.replace(tmp, path)
+
+
+def _now() -> float:
+    """Wall clock, plus ELASTIC_DIAG_CLOCK_SKEW (a test hook that shifts a whole host's clock)."""
+    try:
+        return time.time() + float(os.environ.get("ELASTIC_DIAG_CLOCK_SKEW", "") or 0.0)
+    except ValueError:
+        return time.time()
+
+
+def _excepthook(etype: type[BaseException], value: BaseException, tb: TracebackType | None) -> None:
+    now = _now()
+    try:
+        if os.getpid() == _state.get("pid"):
+            _record_exception(etype, value, tb, now)
+    except BaseException:  # never let the evidence hide the user's own traceback (a signal mid-hook included)
+        pass
+    try:
+        b = beacon.current()
+        if b is not None and os.getpid() == _state.get("pid"):
+            b.at_exit("exception")
+    except BaseException:
+        pass
+    previous = _state.get("previous_excepthook") or sys.__excepthook__
+    previous(etype, value, tb)
+
+
+def _thread_excepthook(args: threading.ExceptHookArgs) -> None:
+    now = _now()
+    try:
+        if os.getpid() == _state.get("pid") and args.exc_type is not SystemExit and not _state.get("thread_recorded"):
+            _state["thread_recorded"] = True
+            record = exception_record(args.exc_type, args.exc_value, args.exc_traceback, now)
+            record["thread"] = args.thread.name if args.thread is not None else None
+            _write_json(os.path.join(_state["rank_dir"], THREAD_EXCEPTION_FILE), record)
+    except BaseException:
+        pass
+    previous = _state.get("previous_thread_excepthook") or threading.__excepthook__
+    previous(args)
+
+
+def _text(fn: Any, what: str, problems: list[str]) -> str:
+    """``fn()`` as text; what could be said when it raised (a ``__str__`` that raises)."""
+    try:
+        return str(fn())
+    except BaseException as e:  # any user code may run here
+        problems.append(f"{what} raised {type(e).__name__}")
+        return f"<{what} raised {type(e).__name__}>"
+
+
+def _chain(value: BaseException | None) -> list[list[str]]:
+    """The exceptions ``value`` was raised while handling or from, oldest first."""
+    out: list[list[str]] = []
+    seen = {id(value)}
+    cur = _before(value) if value is not None else None
+    while cur is not None and id(cur) not in seen and len(out) < CHAIN_LIMIT:
+        seen.add(id(cur))
+        out.append([exception_type_name(type(cur)), _text(lambda c=cur: c, "str()", [])[:2000]])
+        cur = _before(cur)
+    return out[::-1]
+
+
+def _before(e: BaseException) -> BaseException | None:
+    """The exception ``e`` was raised from or while handling (``raise ... from None`` hides it)."""
+    if e.__cause__ is not None:
+        return e.__cause__
+    return None if e.__suppress_context__ else e.__context__
+
+
+def exception_record(
+    etype: type[BaseException], value: BaseException | None, tb: TracebackType | None, now: float
+) -> dict[str, Any]:
+    """What exception.json holds: bounded, and written even when the exception resists printing."""
+    problems: list[str] = []
+    message = _text(lambda: value, "str()", problems) if value is not None else ""
+    if len(message) > MESSAGE_LIMIT:
+        problems.append(f"message of {len(message)} characters cut to {MESSAGE_LIMIT}")
+        message = message[:MESSAGE_LIMIT]
+    formatted = _text(lambda: "".join(traceback.format_exception(etype, value, tb)), "the traceback", problems)
+    if len(formatted) > TRACEBACK_LIMIT:
+        formatted = formatted[: TRACEBACK_LIMIT // 2] + "\n[... cut ...]\n" + formatted[-TRACEBACK_LIMIT // 2 :]
+    try:
+        mro = [exception_type_name(c) for c in etype.__mro__ if issubclass(c, BaseException)]
+    except BaseException:
+        mro = []
+    try:
+        chain = _chain(value)
+    except BaseException:
+        chain = []
+    return {"type": exception_type_name(etype), "message": message, "traceback": formatted, "time": now,
+            "pid": os.getpid(), "mro": mro, "chain": chain, "problems": problems}  # fmt: skip
+
+
+def _record_exception(etype: type[BaseException], value: BaseException, tb: TracebackType | None, now: float) -> None:
+    rank_dir = _state["rank_dir"]
+    record = exception_record(etype, value, tb, now)
+    _write_json(os.path.join(rank_dir, EXCEPTION_FILE), record)
+    name, message, formatted = record["type"], record["message"], record["traceback"]
+    error_file = _state.get("error_file")
+    if error_file and not os.path.exists(error_file):
+        # The same shape torch's @record writes, so torchrun's own summary shows the traceback.
+        _write_json(
+            error_file,
+            {
+                "message": {
+                    "message": f"{name}: {message[:4000]}",
+                    "extraInfo": {"py_callstack": formatted, "timestamp": str(int(now))},
+                }
+            },
+        )
+
+
+def _drop_boot_path_from_env() -> None:
+    boot = os.environ.pop(ENV_BOOT_PATH, None)
+    if not boot:
+        return
+    parts = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p and p != boot]
+    if parts:
+        os.environ["PYTHONPATH"] = os.pathsep.join(parts)
+    else:
+        os.environ.pop("PYTHONPATH", None)
+
+
+def install(rank_dir: str) -> None:
+    """Install the hooks for this rank; idempotent, and silent on failure (the job comes first)."""
+    if _state:
+        return
+    os.makedirs(rank_dir, exist_ok=True)
+    _state.update(
+        pid=os.getpid(),
+        rank_dir=rank_dir,
+        error_file=os.environ.get("TORCHELASTIC_ERROR_FILE"),
+        previous_excepthook=sys.excepthook,
+        previous_thread_excepthook=threading.excepthook,
+    )
+    os.environ.pop(ENV_RANK_DIR, None)
+    _drop_boot_path_from_env()
+
+    faulthandler.enable(file=sys.stderr, all_threads=True)
+    stacks: IO[str] = open(os.path.join(rank_dir, STACKS_FILE), "a")  # noqa: SIM115 - kept open for life
+    _state["stacks_file"] = stacks
+    faulthandler.register(DUMP_SIGNAL, file=stacks, all_threads=True, chain=False)
+    sys.excepthook = _excepthook
+    threading.excepthook = _thread_excepthook
+    b = beacon.start(rank_dir, stacks)
+    atexit.register(_at_exit, b)
+    _write_json(
+        os.path.join(rank_dir, WORKER_FILE),
+        {"pid": os.getpid(), "start_time": _now(), "argv": sys.argv, "executable": sys.executable},
+    )
+
+
+def _at_exit(b: beacon.Beacon) -> None:
+    if os.getpid() == _state.get("pid"):
+        b.stop.set()
+        with contextlib.suppress(Exception):
+            b.at_exit("exit")
+
+
+def install_from_env() -> None:
+    rank_dir = os.environ.get(ENV_RANK_DIR)
+    if not rank_dir:
+        return
+    try:
+        install(rank_dir)
+    except Exception as e:  # report, never break the worker
+        print(f"elastic_diag: worker bootstrap failed, rank evidence will be partial: {e!r}", file=sys.stderr)
