@@ -146,8 +146,15 @@ PROGRESS_MAX_BYTES = 1 << 20
 FR_ERRORS = (ValueError, pickle.UnpicklingError, EOFError, TypeError, KeyError, IndexError)
 
 
-def read_tail(path: Path, max_lines: int, max_bytes: int = TAIL_BYTES) -> tuple[str, ...]:
-    """The last ``max_lines`` lines of a text file, reading at most ``max_bytes`` from its end."""
+def read_tail(
+    path: Path, max_lines: int, max_bytes: int = TAIL_BYTES, *, newline_only: bool = False
+) -> tuple[str, ...]:
+    """The last ``max_lines`` lines of a text file, reading at most ``max_bytes`` from its end.
+
+    Live (the default), a line ends at any line break Python knows (a progress bar's ``\r`` too), a line cut
+    by the window is dropped and each line is cut at 4,000 characters. ``newline_only`` (the offline
+    analyzer, which reads the ``\r`` frames with its own line parser) splits at ``\n`` alone and keeps
+    every line whole."""
     try:
         with open(path, "rb") as fp:
             fp.seek(0, os.SEEK_END)
@@ -157,6 +164,9 @@ def read_tail(path: Path, max_lines: int, max_bytes: int = TAIL_BYTES) -> tuple[
             data = fp.read(max_bytes)
     except OSError:
         return ()
+    if newline_only:
+        raw = data.rstrip(b"\r\n").rsplit(b"\n", max_lines)[-max_lines:] if data.strip() else []
+        return tuple(line.decode("utf-8", errors="replace").rstrip("\r") for line in raw)
     text = data.decode("utf-8", errors="replace")
     lines = text.splitlines()
     if start > 0 and lines:

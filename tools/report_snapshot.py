@@ -35,11 +35,19 @@ _RULES = [
     (re.compile(r"\b(pid|port|PID)([ =:\"]+)\d+"), r"\1\2<n>"),
     (re.compile(r"127\.0\.0\.1\]?:\d+"), "127.0.0.1:<port>"),
     (re.compile(r"(/tmp|/var/tmp)/[^\s\"'<>]*"), "<tmp>"),
+    (re.compile(r"\b[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}\b"), "<uuid>"),
+    (re.compile(r"\b0x[0-9a-f]{8,16}\b"), "<addr>"),
+    # a frame in the package: where a module lives and its line numbers are what a refactor moves
+    (re.compile(r'<root>/elastic_diag/(?:[a-z_]+/)*([a-z_]+\.py)(\\?"?,? line |:)\d+'), r"<pkg>/\1\2<n>"),
 ]
 
 
+ROOTS = sorted({str(ROOT), "/work/main"}, key=len, reverse=True)  # the checkout, and where the fixtures were recorded
+
+
 def normalise(text: str) -> str:
-    text = text.replace(str(ROOT), "<root>")
+    for root in ROOTS:
+        text = text.replace(root, "<root>")
     host = os.uname().nodename
     if host:
         text = text.replace(host, "<host>")
@@ -108,8 +116,7 @@ def _comparable(path: Path) -> list[str]:
         return ["(missing)"]
     text = normalise(path.read_text())
     if path.name == "summary.txt":
-        rc = text.split("\n", 1)[0]
-        text = rc + "\n" + text[text.rfind("=" * 60) :]
+        text = text[text.rfind("=" * 60) :]
     return text.splitlines()
 
 

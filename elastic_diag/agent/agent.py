@@ -59,11 +59,9 @@ class DiagAgent(LocalElasticAgent):
     def run(self, role: str = DEFAULT_ROLE) -> RunResult:
         result: RunResult = super().run(role)
         if self._print_summary:
-            try:
+            with self._session.guard("writing the report at the end of the run"):
                 report = self._session.finish("succeeded" if result.state == WorkerState.SUCCEEDED else "failed")
                 print_summary(report, str(self._session.report_path))
-            except Exception as e:
-                self._session.internal_error("writing the report at the end of the run", e)
         return result
 
     def _rendezvous(self, worker_group: WorkerGroup) -> None:
@@ -80,10 +78,8 @@ class DiagAgent(LocalElasticAgent):
         if isinstance(specs, DiagLogsSpecs):
             while specs.errors:
                 self._session.internal_error("starting the workers", OSError(specs.errors.pop(0)))
-        try:
+        with self._session.guard("starting the capture"):  # the job runs on without diagnosis; the report says so
             self._capture = self._new_capture(worker_group)
-        except Exception as e:  # the job runs on without diagnosis; the report says so
-            self._session.internal_error("starting the capture", e)
         return pids
 
     def _new_capture(self, worker_group: WorkerGroup) -> AttemptCapture | None:
@@ -107,7 +103,7 @@ class DiagAgent(LocalElasticAgent):
     def _join_cluster(self, worker_group: WorkerGroup, attempt: int, node: str) -> Cluster | None:
         """Several nodes: say who is where, and measure this node's clock against the leader's."""
         group_rank, world = worker_group.group_rank or 0, worker_group.group_world_size or 1
-        try:
+        with self._session.guard("joining the other nodes through the rendezvous store"):
             exchange = StoreExchange(worker_group.store, self._session.run_id, clock=self._clock)
             ranks = [w.global_rank for w in worker_group.workers]
             exchange.hello(group_rank, {"node": node, "group_rank": group_rank, "ranks": ranks, "pid": os.getpid()})
@@ -124,40 +120,33 @@ class DiagAgent(LocalElasticAgent):
             cluster = Cluster(exchange=exchange, group_rank=group_rank, world=world, offset=offset)
             threading.Thread(target=cluster.beat_forever, daemon=True, name="elastic-diag-beat").start()
             return cluster
-        except Exception as e:
-            self._session.internal_error("joining the other nodes through the rendezvous store", e)
-            return None
+        return None
 
     def _monitor_workers(self, worker_group: WorkerGroup) -> RunResult:
         capture = self._capture
         if capture is not None and not capture.decided:
-            try:
+            with self._session.guard("capturing evidence before teardown"):
                 if capture.has_failure():
                     capture.decide()
                 elif (alarm := capture.hang_alarm()) is not None:
                     capture.decide_hang(alarm)
-            except Exception as e:
-                self._session.internal_error("capturing evidence before teardown", e)
         result: RunResult = super()._monitor_workers(worker_group)
         ended = result.state in (WorkerState.SUCCEEDED, WorkerState.FAILED, WorkerState.UNHEALTHY)
         if ended and capture is not None and not capture.finished:
-            try:
+            with self._session.guard("writing the verdict after teardown"):
                 result = capture.finish(result)
-            except Exception as e:
-                self._session.internal_error("writing the verdict after teardown", e)
         elif ended and capture is None and result.failures:
-            try:
+            with self._session.guard("taking a verdict from torch's failure list"):
                 self._verdict_from_failures(worker_group, result)
-            except Exception as e:
-                self._session.internal_error("taking a verdict from torch's failure list", e)
         if result.state in (WorkerState.FAILED, WorkerState.UNHEALTHY) and self._remaining_restarts > 0:
-            try:
-                self._gate(worker_group)
-            except Exception as e:  # the gate itself failed: no restart storm on a broken gate
+
+            def refuse(e: Exception) -> None:  # the gate itself failed: no restart storm on a broken gate
                 self._remaining_restarts = 0
-                self._session.internal_error("deciding whether to restart (no restart)", e)
                 self._session.record_gate(self._attempt(worker_group), {"decision": "refused", "reason":
                                           f"the restart gate failed: {type(e).__name__}: {e}"})  # fmt: skip
+
+            with self._session.guard("deciding whether to restart (no restart)", on_error=refuse):
+                self._gate(worker_group)
         return result
 
     def _attempt(self, worker_group: WorkerGroup) -> int:
@@ -229,10 +218,8 @@ class DiagAgent(LocalElasticAgent):
     def _publish_gate(self, worker_group: WorkerGroup, attempt: int, entry: dict[str, Any]) -> None:
         """One decision for every node: the agent of group rank 0 decides and publishes it."""
         store: Any = worker_group.store
-        try:
+        with self._session.guard("publishing the restart decision to the other nodes"):
             store.set(self._gate_key(attempt), json.dumps(entry))
-        except Exception as e:
-            self._session.internal_error("publishing the restart decision to the other nodes", e)
 
     def _follow_gate(self, worker_group: WorkerGroup, attempt: int) -> dict[str, Any] | None:
         """The decision of the agent of group rank 0, or None (then this agent decides alone) when it

@@ -28,8 +28,7 @@ import signal
 import threading
 import time
 from dataclasses import dataclass
-from subprocess import Popen
-from typing import Any
+from typing import Any, Protocol
 
 from torch.distributed.elastic.agent.server.api import RunResult, WorkerState
 from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
@@ -93,11 +92,20 @@ class ExitWatcher:
             return set(self.exit_times)
 
 
+class Process(Protocol):
+    """What the capture needs of a worker process: torch's ``Popen`` (or a fake in the unit tests)."""
+
+    @property
+    def pid(self) -> int: ...
+
+    def poll(self) -> int | None: ...
+
+
 @dataclass(slots=True)
 class Worker:
     rank: int
     local_rank: int
-    proc: Popen[bytes]
+    proc: Process
     layout: RankLayout
 
 
@@ -113,9 +121,12 @@ class AttemptCapture:
         config: DiagConfig,
         session: DiagSession,
         clock: Clock = time.time,
+        monotonic: Clock = time.monotonic,
         sleep: Sleep = time.sleep,
         cluster: Cluster | None = None,
     ) -> None:
+        """``clock`` stamps events (wall time, comparable across ranks and nodes); ``monotonic`` and ``sleep``
+        bound the waits (the grace, the dumps, the teardown). Unit tests pass fakes for all three."""
         self.attempt = attempt
         self.cluster = cluster
         self.workers = {w.local_rank: w for w in workers}
@@ -123,6 +134,7 @@ class AttemptCapture:
         self.config = config
         self.session = session
         self._clock = clock
+        self._monotonic = monotonic
         self._sleep = sleep
         self.watcher = ExitWatcher({w.local_rank: w.proc.pid for w in workers}, clock)
         self.poll_times: dict[int, float] = {}
@@ -180,9 +192,9 @@ class AttemptCapture:
         The grace ends when every rank has exited or recorded its own uncaught exception; the
         stacks are taken of the ranks alive with neither (they are where the story is).
         """
-        deadline = time.monotonic() + self.config.grace_s
+        deadline = self._monotonic() + self.config.grace_s
         codes = self._poll()
-        while self._waiting_for(codes) and time.monotonic() < deadline:
+        while self._waiting_for(codes) and self._monotonic() < deadline:
             self._sleep(POLL_S)
             codes = self._poll()
         alive = {lr for lr, c in codes.items() if c is None}
@@ -192,7 +204,8 @@ class AttemptCapture:
         if silent:  # their stacks and flight recorders (the beacon; the faulthandler signal if it is silent)
             targets = {lr: (self.workers[lr].proc.pid, self.workers[lr].layout) for lr in silent}
             request = f"failure-{self.attempt.attempt}-{self.decided_at:.6f}"
-            self.stacks, _ = request_dumps(targets, self.config.stack_timeout_s, request, sleep=self._sleep)
+            self.stacks, _ = request_dumps(targets, self.config.stack_timeout_s, request, clock=self._monotonic,
+                                           sleep=self._sleep)  # fmt: skip
         self.decided = True
         evidence = self.evidence(final=False)
         self.diagnosis = classify_attempt(evidence)
@@ -213,7 +226,7 @@ class AttemptCapture:
         targets = {lr: (self.workers[lr].proc.pid, self.workers[lr].layout) for lr in alive}
         timeout = max(self.config.stack_timeout_s, 1.0)
         self.stacks, answered = request_dumps(targets, timeout, f"hang-{self.attempt.attempt}-{self.decided_at:.6f}",
-                                              sleep=self._sleep)  # fmt: skip
+                                              clock=self._monotonic, sleep=self._sleep)  # fmt: skip
         for lr in sorted(alive - answered):
             self.missing_evidence.append(
                 f"rank {self.workers[lr].rank}: its beacon did not answer the dump request within {timeout:.1f} s "
@@ -233,16 +246,14 @@ class AttemptCapture:
             if code is None:
                 with contextlib.suppress(OSError):
                     os.kill(self.workers[lr].proc.pid, signal.SIGTERM)
-        deadline = time.monotonic() + 5.0
-        while time.monotonic() < deadline and None in self._poll().values():
+        deadline = self._monotonic() + 5.0
+        while self._monotonic() < deadline and None in self._poll().values():
             self._sleep(POLL_S)
 
     def evidence(self, *, final: bool) -> AttemptEvidence:
         codes = self._poll()
-        try:
+        with self.session.guard("reading the ranks' output"):
             self.tailer.poll(final=final)  # catch up with what the ranks printed until now
-        except Exception as e:
-            self.session.internal_error("reading the ranks' output", e)
         stopped: set[int] = set()
         alive_at_decision = set(self.alive_at_decision)
         if final and not self.decided:
@@ -324,10 +335,8 @@ class AttemptCapture:
             self.session.warnings.append(warning)
         self.session.record_attempt(evidence, diagnosis, status=status, final=True)
         if self.cluster is not None and status == "failed":
-            try:
+            with self.session.guard("merging the other nodes' records (the local verdict stands)"):
                 diagnosis = self._global_verdict(evidence, diagnosis, status)
-            except Exception as e:
-                self.session.internal_error("merging the other nodes' records (the local verdict stands)", e)
         if status == "failed" and diagnosis.initiating_rank is not None:
             result.failures = self._corrected_failures(result.failures, evidence, diagnosis)
         return result

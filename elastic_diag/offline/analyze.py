@@ -540,7 +540,7 @@ class Analyzer:
 
     def _tail(self, path: Path, rank: int) -> None:
         log = self.rank(rank)
-        for line in read_tail(path, TAIL_LINES):  # the same reader as the live capture's
+        for line in read_tail(path, TAIL_LINES, newline_only=True):  # the live capture's reader
             log.last_lines.append(parse_line(line).text[:2000])
 
     def _add_report(self, path: Path) -> None:

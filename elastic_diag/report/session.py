@@ -7,8 +7,10 @@ next. Writing never raises: a report that cannot be written is logged, and the j
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import socket
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -63,6 +65,17 @@ class DiagSession:
         logger.warning("elastic_diag: error while %s: %r (the job is not affected)", what, exc, exc_info=exc)
         self.internal_errors.append(f"{what}: {type(exc).__name__}: {exc}")
         self.write()
+
+    @contextlib.contextmanager
+    def guard(self, what: str, on_error: Callable[[Exception], None] | None = None) -> Iterator[None]:
+        """Any error inside is recorded (``internal_errors`` of report.json, "while <what>") and goes no
+        further: the diagnosis never changes what the job does. ``on_error`` runs after the record."""
+        try:
+            yield
+        except Exception as e:
+            self.internal_error(what, e)
+            if on_error is not None:
+                on_error(e)
 
     def record_gate(self, attempt: int, record: dict[str, Any]) -> None:
         self.gates[attempt] = record
