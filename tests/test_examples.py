@@ -11,11 +11,8 @@ and a test checks that list against the scripts, so no injection goes unrun.
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-
 import pytest
-from conftest import ROOT, launch, torchrun_diag
+from helpers import ROOT, injection_tables, launch, load_example, torchrun_diag
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(150)]
 
@@ -23,22 +20,10 @@ EXAMPLES = ROOT / "examples"
 CULPRIT = 1
 
 
-def _load(name: str):  # type: ignore[no-untyped-def]
-    sys.path.insert(0, str(EXAMPLES))
-    try:
-        spec = importlib.util.spec_from_file_location(f"example_{name}", EXAMPLES / f"{name}.py")
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-        return module
-    finally:
-        sys.path.remove(str(EXAMPLES))
-
-
-DDP = _load("train_ddp")
-FSDP2 = _load("train_fsdp2")
-FAULTS = _load("faults")
-TABLES = {"train_ddp.py": DDP.INJECTIONS, "train_fsdp2.py": FSDP2.INJECTIONS}
+DDP = load_example("train_ddp")
+FSDP2 = load_example("train_fsdp2")
+FAULTS = load_example("faults")
+TABLES = injection_tables()
 
 # (script, inject) -> the test that runs it (3 ranks, culprit rank 2, more assertions)
 MATRIX = "test_launcher_matrix.py::test_fault_matrix_names_the_culprit"

@@ -1,6 +1,7 @@
-"""The health monitor on real runs: 3 CPU ranks on gloo, the culprit is rank 2, the process-group
-timeout 5 minutes (far away), the hang timeout 3 s. Each case must name rank 2 with the right class
-and the culprit's source line, well before any collective times out."""
+"""The health monitor: its thresholds with a fake clock, then on real runs: 3 CPU ranks on gloo, the
+culprit is rank 2, the process-group timeout 5 minutes (far away), the hang timeout 3 s. Each live case
+must name rank 2 with the right class and the culprit's source line, well before any collective times
+out."""
 
 from __future__ import annotations
 
@@ -8,11 +9,12 @@ import json
 from pathlib import Path
 
 import pytest
-from conftest import EXAMPLE, ROOT, launch, torchrun_diag
+from helpers import EXAMPLE, ROOT, launch, torchrun_diag
 
 from elastic_diag.agent.dumps import find_py_spy
+from elastic_diag.agent.health import AUTO_FLOOR_S, AUTO_START_S, HealthMonitor
 
-pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(150)]
+live = pytest.mark.multiprocess  # with the suite's timeout raised to 150 s below
 
 CULPRIT = 2
 HANG_TIMEOUT = 3.0
@@ -24,6 +26,8 @@ def args(script: Path, inject: str, *extra: str) -> list[str]:
     return [str(script), "--inject", inject, "--culprit-rank", str(CULPRIT), "--pg-timeout", "300", *extra]
 
 
+@live
+@pytest.mark.timeout(150)
 @pytest.mark.parametrize("inject, function", [("deadlock", "deadlocked_loader"), ("infinite-loop", "spin")])
 def test_hang_outside_collectives_is_detected_before_the_collective_timeout(tmp_path, inject, function):
     mark = tmp_path / "mark"
@@ -47,6 +51,8 @@ def test_hang_outside_collectives_is_detected_before_the_collective_timeout(tmp_
         assert fr["reason"] == "hang-request"
 
 
+@live
+@pytest.mark.timeout(150)
 @pytest.mark.parametrize("inject", ["skip-collective", "extra-collective", "unused-layer"])
 def test_a_rank_that_leaves_the_collective_schedule_is_named(tmp_path, inject):
     run = launch(torchrun_diag(*COMMON, "--diag-dir", str(tmp_path), *args(EXAMPLE, inject)), tmp_path)
@@ -57,6 +63,8 @@ def test_a_rank_that_leaves_the_collective_schedule_is_named(tmp_path, inject):
     assert any(line.startswith("ranks 0, 1 were at") or line.startswith("rank 0:") for line in d["evidence"])
 
 
+@live
+@pytest.mark.timeout(150)
 def test_shape_mismatch_names_the_rank_and_both_sides(tmp_path):
     run = launch(torchrun_diag(*COMMON, "--diag-dir", str(tmp_path), *args(EXAMPLE, "shape-mismatch")), tmp_path)
     d = run.report["diagnosis"]
@@ -68,6 +76,8 @@ def test_shape_mismatch_names_the_rank_and_both_sides(tmp_path):
     assert run.seconds < 120
 
 
+@live
+@pytest.mark.timeout(150)
 def test_fsdp2_nan_names_the_rank_whose_loss_went_non_finite_first(tmp_path):
     run = launch(torchrun_diag(*COMMON, "--diag-dir", str(tmp_path), *args(FSDP2, "nan")), tmp_path)
     d = run.report["diagnosis"]
@@ -79,6 +89,8 @@ def test_fsdp2_nan_names_the_rank_whose_loss_went_non_finite_first(tmp_path):
     assert all("non-finite" in (run.rank(r)["exception"] or {}).get("message", "") for r in range(3))
 
 
+@live
+@pytest.mark.timeout(150)
 def test_a_straggler_is_a_warning_not_a_hang(tmp_path):
     run = launch(torchrun_diag(*COMMON, "--diag-dir", str(tmp_path), *args(EXAMPLE, "straggler")), tmp_path)
     assert run.returncode == 0, run.stderr[-3000:]
@@ -90,6 +102,8 @@ def test_a_straggler_is_a_warning_not_a_hang(tmp_path):
     assert "warning (straggler): rank 2" in run.stderr
 
 
+@live
+@pytest.mark.timeout(150)
 def test_a_slow_first_step_raises_nothing_with_the_automatic_threshold(tmp_path):
     argv = ["--standalone", "--nproc-per-node", "2", "--diag-dir", str(tmp_path), str(EXAMPLE), "--inject",
             "slow-first-step", "--straggle-seconds", "4", "--steps", "6"]  # fmt: skip
@@ -100,6 +114,8 @@ def test_a_slow_first_step_raises_nothing_with_the_automatic_threshold(tmp_path)
     assert "hang" not in rep["attempts"][-1]
 
 
+@live
+@pytest.mark.timeout(150)
 def test_a_rank_holding_the_gil_is_dumped_by_signal_and_the_missing_evidence_is_reported(tmp_path):
     """Catastrophic regex backtracking holds the GIL: the rank's beacon thread never runs, so its
     dump request is never answered. The faulthandler signal (C) still gives its stack, within the
@@ -114,3 +130,103 @@ def test_a_rank_holding_the_gil_is_dumped_by_signal_and_the_missing_evidence_is_
     if find_py_spy() is not None:  # native frames too (py-spy is in the test extra)
         native = (tmp_path / "attempt_0" / f"rank_{CULPRIT}" / "pyspy.txt").read_text()
         assert "sre" in native.lower() or "match" in native, native[:2000]
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 1000.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def write(path: Path, **data) -> None:
+    base = {"steps": 0, "backward": 0, "heartbeats": 0, "watch": None, "pg_status": {}, "step_durations": []}
+    path.write_text(json.dumps({**base, **data}))
+
+
+def test_fixed_threshold_fires_only_when_no_rank_progresses(tmp_path: Path):
+    clock = Clock()
+    files = {r: tmp_path / f"p{r}.json" for r in range(2)}
+    mon = HealthMonitor(files, 5.0, clock=clock, wall=clock)
+    waiting = {"0": {"last_enqueued_collective": "5", "last_completed_collective": "4"}}
+    for r in files:
+        write(files[r], steps=1, pg_status=waiting if r == 1 else {})  # rank 1 waits in a collective
+    assert mon.check() is None
+    clock.t += 4
+    write(files[0], steps=2)  # rank 0 progresses: no alarm
+    assert mon.check() is None
+    clock.t += 4.9
+    assert mon.check() is None
+    clock.t += 0.2
+    alarm = mon.check()
+    assert alarm is not None and alarm.stalled_s == pytest.approx(5.1) and alarm.reason == "--diag-hang-timeout"
+
+
+def test_automatic_threshold_grows_with_the_step_time_and_waits_for_warmup(tmp_path: Path):
+    clock = Clock()
+    f = {0: tmp_path / "p.json"}
+    mon = HealthMonitor(f, None, clock=clock, wall=clock)
+    write(f[0], steps=1, step_durations=[])
+    mon.check()
+    assert mon.threshold() == AUTO_START_S  # before warm-up: slow first steps raise nothing
+    write(f[0], steps=10, step_durations=[0.5] * 9)
+    mon.check()
+    assert mon.threshold() == AUTO_FLOOR_S
+    write(f[0], steps=20, step_durations=[30.0] * 19)
+    mon.check()
+    assert mon.threshold() == 300.0
+
+
+def test_no_rank_waiting_in_a_collective_or_only_exited_ranks_is_never_a_hang(tmp_path: Path):
+    """Every rank busy outside collectives (a long checkpoint save, an evaluation) is not a hang; nor are
+    ranks whose process already exited (the end of a healthy run)."""
+    clock = Clock()
+    files = {r: tmp_path / f"q{r}.json" for r in range(2)}
+    exited: set[int] = set()
+    mon = HealthMonitor(files, 5.0, clock=clock, wall=clock, exited=lambda: exited)
+    for r in files:
+        write(files[r], steps=3)
+    mon.check()
+    clock.t += 60
+    assert mon.check() is None
+    waiting = {"0": {"last_enqueued_collective": "9", "last_completed_collective": "8"}}
+    write(files[1], steps=3, pg_status=waiting)
+    exited.update({0, 1})
+    clock.t += 60
+    assert mon.check() is None
+    exited.discard(1)
+    clock.t += 10
+    assert mon.check() is not None
+
+
+def test_no_training_activity_is_never_a_hang(tmp_path: Path):
+    clock = Clock()
+    f = {0: tmp_path / "p.json"}
+    mon = HealthMonitor(f, 1.0, clock=clock, wall=clock)
+    write(f[0])  # a script with no process group, no optimizer, no heartbeat
+    mon.check()
+    clock.t += 3600
+    assert mon.check() is None
+    (f[0]).write_text("{garbled")
+    assert mon.check() is None
+
+
+def test_a_watch_past_its_timeout_names_its_rank(tmp_path: Path):
+    clock = Clock()
+    files = {r: tmp_path / f"p{r}.json" for r in range(2)}
+    mon = HealthMonitor(files, 600.0, clock=clock, wall=clock)
+    write(files[0], heartbeats=1)
+    write(files[1], heartbeats=1, watch=["eval", clock.t, 2.0])
+    assert mon.check() is None
+    clock.t += 2.5
+    alarm = mon.check()
+    assert alarm is not None and alarm.rank == 1 and "watch('eval')" in alarm.reason
+
+
+def test_the_public_api_is_a_no_op_outside_elastic_diag():
+    import elastic_diag
+
+    elastic_diag.heartbeat()
+    with elastic_diag.watch("step", timeout=1.0):
+        pass

@@ -10,26 +10,9 @@ import os
 import re
 
 import pytest
-from conftest import EXAMPLE, launch, plain_torchrun, torchrun_diag
+from helpers import COMMON, COMPARED, CULPRIT, launch, plain_torchrun, script_args, torchrun_diag
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(150)]
-
-CULPRIT = 2
-COMMON = ["--standalone", "--nproc-per-node", "3"]  # 3: a 4th rank costs 45% more CPU on 2 cores
-
-
-def script_args(inject: str, pg_timeout: float = 8) -> list[str]:
-    return [str(EXAMPLE), "--inject", inject, "--culprit-rank", str(CULPRIT), "--pg-timeout", str(pg_timeout)]
-
-
-# The two cases of TORCHELASTIC_NOTES.md where plain torchrun names a rank that was only waiting: the
-# fault matrix runs them under torchrun-diag, test_plain_torchrun_blames_a_waiting_rank the same job
-# under plain torchrun (one job each, not two: the suite's time is shared).
-# exception-after-cleanup: the culprit's cleanup (14 s) outlasts the collective timeout (8 s), so its
-# waiting peers fail first; a grace of 10 s lets it finish and raise within our capture (margins of
-# 3 s or more both ways). hang: stuck outside any collective until the peers' collective timeout.
-COMPARED = {"exception-after-cleanup": (["--cleanup-seconds", "14"], ["--diag-grace", "10"]), "hang": ([], [])}
-
 
 CASES = [
     # inject, class, exception type, a line that must be in the culprit's last_lines
@@ -53,7 +36,7 @@ def test_fault_matrix_names_the_culprit(tmp_path, inject, cls, exc_type, culprit
     d = report["diagnosis"]
     assert report["status"] == "failed"
     assert (d["initiating_rank"], d["failure_class"], d["exception_type"]) == (CULPRIT, cls, exc_type), d
-    if inject == "exception-after-cleanup":  # test_config_flag.py expects plain torchrun + diag+c10d to say the same
+    if inject == "exception-after-cleanup":  # test_rendezvous.py expects plain torchrun + diag+c10d to say the same
         assert (d["failure_class"], d["initiating_rank"], d["exception_type"], d["signature_id"]) == (
             "python_exception", CULPRIT, "ValueError", "python-exception")  # fmt: skip
     assert d["summary"] and d["evidence"] and d["fix"] and d["verify"]

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import ROOT, launch, torchrun_diag
+from helpers import ROOT, launch, torchrun_diag
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(200)]
 

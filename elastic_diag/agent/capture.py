@@ -42,6 +42,7 @@ from elastic_diag.config import DiagConfig
 from elastic_diag.core.classify import Diagnosis, classify_attempt, straggler_warnings
 from elastic_diag.core.evidence import AttemptEvidence, RankEvidence, as_seconds, parse_stack_dump
 from elastic_diag.core.merge import diagnosis_from_json, merge, record_of
+from elastic_diag.core.verdict import AttemptStatus
 from elastic_diag.layout import (
     EXCEPTION_FILE,
     NONFINITE_FILE,
@@ -324,7 +325,7 @@ class AttemptCapture:
         if self.health is not None:
             self.health.stop()
         self.tailer.stop()
-        status = "succeeded" if result.state == WorkerState.SUCCEEDED else "failed"
+        status: AttemptStatus = "succeeded" if result.state == WorkerState.SUCCEEDED else "failed"
         evidence = self.evidence(final=True)
         self.final_evidence = evidence
         diagnosis = classify_attempt(evidence)
@@ -341,7 +342,7 @@ class AttemptCapture:
             result.failures = self._corrected_failures(result.failures, evidence, diagnosis)
         return result
 
-    def _global_verdict(self, evidence: AttemptEvidence, local: Diagnosis, status: str) -> Diagnosis:
+    def _global_verdict(self, evidence: AttemptEvidence, local: Diagnosis, status: AttemptStatus) -> Diagnosis:
         """One verdict for all nodes: every agent publishes its record; the agent of group rank 0 reads
         them all (bounded), merges, and publishes the verdict (one key) and each node's roles (one key
         per node); the others read those two keys. O(nodes) keys per failure. If the leader's verdict

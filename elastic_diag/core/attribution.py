@@ -44,7 +44,7 @@ from elastic_diag.core.evidence import AttemptEvidence, RankEvidence
 from elastic_diag.core.findings import RankFinding
 from elastic_diag.core.flight_recorder import Finding
 from elastic_diag.core.taxonomy import Signature, Taxonomy
-from elastic_diag.core.verdict import MAX_EVIDENCE_LINES, Diagnosis, format_ranks, ranks_phrase, were
+from elastic_diag.core.verdict import MAX_EVIDENCE_LINES, Diagnosis, Role, format_ranks, ranks_phrase, were
 
 NAN_TOGETHER_S = 30.0
 
@@ -267,7 +267,7 @@ def named_in_exception(ctx: Context) -> Diagnosis | None:
     if rank not in ctx.findings:
         return None
     ev = ctx.ev(rank)
-    roles = {r: ("initiating" if r == rank else "collateral" if f.state == "failed" else
+    roles: dict[int, Role] = {r: ("initiating" if r == rank else "collateral" if f.state == "failed" else
                  "healthy" if f.state == "succeeded" else "stopped") for r, f in ctx.findings.items()}  # fmt: skip
     reporters = sorted({f.rank for f, _s, _l in named[rank]})
     what = inner_line or line
@@ -430,8 +430,10 @@ def schedules_disagree(ctx: Context) -> Diagnosis | None:
         "tells which side parted: with as many ranks on each side, the evidence cannot name one. Compare the two "
         "sides' code at that step."
     )
-    roles = {r: ("collateral" if f.state == "failed" else "healthy" if f.state == "succeeded" else "stopped")
-             for r, f in ctx.findings.items()}  # fmt: skip
+    roles: dict[int, Role] = {
+        r: ("collateral" if f.state == "failed" else "healthy" if f.state == "succeeded" else "stopped")
+        for r, f in ctx.findings.items()
+    }
     return Diagnosis(
         failure_class="collective_mismatch" if mismatch else "collective_desync",
         signature_id=sig.id,
@@ -514,8 +516,8 @@ def _on(ev: RankEvidence) -> str:
     return f" on {ev.node}" if ev.node else ""
 
 
-def _roles(ctx: Context, initiating: int | None) -> dict[int, str]:
-    roles: dict[int, str] = {}
+def _roles(ctx: Context, initiating: int | None) -> dict[int, Role]:
+    roles: dict[int, Role] = {}
     hang = ctx.evidence.hang
     for r, f in ctx.findings.items():
         if initiating is not None and r == initiating:
@@ -532,8 +534,8 @@ def _roles(ctx: Context, initiating: int | None) -> dict[int, str]:
     return roles
 
 
-def _roles_around(initiating: int, findings: dict[int, RankFinding]) -> dict[int, str]:
-    roles = {}
+def _roles_around(initiating: int, findings: dict[int, RankFinding]) -> dict[int, Role]:
+    roles: dict[int, Role] = {}
     for r, f in findings.items():
         if r == initiating:
             roles[r] = "initiating"
@@ -551,7 +553,7 @@ def _unattributed(
     failure_class: str,
     summary: str,
     evidence: tuple[str, ...],
-    roles: dict[int, str],
+    roles: dict[int, Role],
     collateral_ranks: tuple[int, ...] = (),
 ) -> Diagnosis:
     """A verdict that names no initiating rank, with the signature's fix and verification."""
@@ -574,7 +576,7 @@ def _named(
     ev: RankEvidence,
     summary: str,
     lines: list[str],
-    roles: dict[int, str],
+    roles: dict[int, Role],
     *,
     exception_type: str | None = None,
     collective: dict[str, object] | None = None,

@@ -33,6 +33,7 @@ from elastic_diag.core.evidence import (
     exception_to_json,
     parse_stack_dump,
 )
+from elastic_diag.core.verdict import Role, as_role
 from elastic_diag.layout import NODE_RECORD_SCHEMA, NODE_VERDICT_SCHEMA
 
 SCHEMA = NODE_RECORD_SCHEMA
@@ -140,7 +141,7 @@ def diagnosis_from_json(d: dict[str, Any], roles: dict[str, str]) -> Diagnosis:
         fix=d.get("fix"),
         verify=d.get("verify"),
         collateral_ranks=tuple(sorted(int(r) for r, role in roles.items() if role == "collateral")),
-        roles={int(r): str(role) for r, role in roles.items()},
+        roles={int(r): as_role(role) for r, role in roles.items()},
         retryable=d.get("retryable"),
         collective=d.get("collective"),
         rule=d.get("rule") if isinstance(d.get("rule"), str) else None,
@@ -228,7 +229,9 @@ def _lost_nodes(missing: list[int], hellos: dict[int, dict[str, Any]], evidence:
     lost_ranks = sorted(int(r) for g in missing for r in (hellos.get(g) or {}).get("ranks") or [])
     rank = lost_ranks[0] if lost_ranks else None
     names = ", ".join(str((hellos.get(g) or {}).get("node") or f"node {g}") for g in missing)
-    roles = {ev.rank: ("collateral" if ev.failed or ev.alive_at_decision else "healthy") for ev in evidence.ranks}
+    roles: dict[int, Role] = {
+        ev.rank: ("collateral" if ev.failed or ev.alive_at_decision else "healthy") for ev in evidence.ranks
+    }
     for r in lost_ranks:
         roles[r] = "initiating" if r == rank else "unknown"
     collateral = tuple(sorted(r for r, role in roles.items() if role == "collateral"))

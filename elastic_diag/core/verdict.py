@@ -4,8 +4,24 @@ summaries are written with. Pure data and text: no torch, no I/O."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Literal, get_args
 
-ROLES = ("initiating", "collateral", "stopped", "healthy", "unknown")
+# a rank's part in one failed attempt (report.json ranks[].role)
+Role = Literal["initiating", "collateral", "stopped", "healthy", "unknown"]
+ROLES: tuple[Role, ...] = get_args(Role)
+# an attempt's end (report.json attempts[].status), and the run's (report.json status; "running" until it ends)
+AttemptStatus = Literal["succeeded", "failed"]
+RunStatus = Literal["running", "succeeded", "failed", "stopped"]
+
+
+def as_role(value: object) -> Role:
+    """A role read back from JSON (another node's record): one of :data:`ROLES`, else ``unknown``."""
+    for role in ROLES:
+        if value == role:
+            return role
+    return "unknown"
+
+
 MAX_EVIDENCE_LINES = 8
 
 
@@ -21,7 +37,7 @@ class Diagnosis:
     fix: str | None = None
     verify: str | None = None
     collateral_ranks: tuple[int, ...] = ()
-    roles: dict[int, str] = field(default_factory=dict)
+    roles: dict[int, Role] = field(default_factory=dict)
     retryable: bool | None = None
     collective: dict[str, object] | None = None  # where the schedules part (desync / mismatch / missing)
     rule: str | None = None  # the attribution rule that decided (docs/attribution.md)

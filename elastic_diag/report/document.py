@@ -15,6 +15,7 @@ from typing import Any
 
 from elastic_diag.core.classify import Diagnosis, format_ranks
 from elastic_diag.core.evidence import AttemptEvidence, RankEvidence
+from elastic_diag.core.verdict import AttemptStatus
 from elastic_diag.layout import HTML_FILE, REPORT_SCHEMA
 from elastic_diag.report.rank_story import group_rows, rank_rows, short_location
 from elastic_diag.report.terminal import ROLE_STYLE, Paint, is_tty, table, wants_colour
@@ -29,7 +30,7 @@ STACK_CHARS = 20_000
 class AttemptRecord:
     evidence: AttemptEvidence
     diagnosis: Diagnosis
-    status: str  # succeeded | failed
+    status: AttemptStatus
     final: bool  # False while the verdict was taken before teardown and not yet refined
     gate: dict[str, Any] | None = None  # the restart gate's decision after this attempt, if it was asked
     cluster: dict[str, Any] | None = None  # several nodes: who reported, clock offset, the local verdict

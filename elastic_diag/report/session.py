@@ -15,8 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from elastic_diag.config import DiagConfig
-from elastic_diag.core.classify import Diagnosis
 from elastic_diag.core.evidence import AttemptEvidence
+from elastic_diag.core.verdict import AttemptStatus, Diagnosis, RunStatus
 from elastic_diag.layout import REPORT_FILE, attempt_dir_name
 from elastic_diag.report.document import AttemptRecord, build_report, write_json_atomic
 from elastic_diag.report.html import write_html
@@ -29,7 +29,7 @@ class DiagSession:
         self.config = config
         self.run_id = run_id
         self.node = node or socket.gethostname()
-        self.status = "running"
+        self.status: RunStatus = "running"
         self.attempts: dict[int, AttemptRecord] = {}
         self.internal_errors: list[str] = []
         self.notes: list[str] = []
@@ -48,7 +48,7 @@ class DiagSession:
         evidence: AttemptEvidence,
         diagnosis: Diagnosis,
         *,
-        status: str,
+        status: AttemptStatus,
         final: bool,
         cluster: dict[str, Any] | None = None,
     ) -> None:
@@ -99,7 +99,7 @@ class DiagSession:
     def note(self, text: str) -> None:
         self.notes.append(text)
 
-    def finish(self, status: str, launch_diagnosis: Diagnosis | None = None) -> dict[str, Any]:
+    def finish(self, status: RunStatus, launch_diagnosis: Diagnosis | None = None) -> dict[str, Any]:
         self.status = status
         self.launch_diagnosis = launch_diagnosis
         return self.write()

@@ -16,6 +16,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from functools import cache
 from importlib import resources
+from typing import Literal, cast, get_args
 
 from elastic_diag.errors import TaxonomyError
 
@@ -41,7 +42,8 @@ FAILURE_CLASSES = (
     "healthy",
     "unknown",
 )
-ROLE_HINTS = ("initiating", "collateral", "either")
+RoleHint = Literal["initiating", "collateral", "either"]  # what a matching line says of its rank
+ROLE_HINTS: tuple[RoleHint, ...] = get_args(RoleHint)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -49,7 +51,7 @@ class Signature:
     id: str
     failure_class: str
     title: str
-    role_hint: str
+    role_hint: RoleHint
     retryable: bool
     meaning: str
     confirm: tuple[str, ...]
@@ -116,7 +118,7 @@ def _signature_from_table(table: dict[str, object], source: str) -> Signature:
             id=sid,
             failure_class=str(table["class"]),
             title=str(table["title"]),
-            role_hint=str(table["role_hint"]),
+            role_hint=cast("RoleHint", str(table["role_hint"])),  # checked in __post_init__
             retryable=bool(table["retryable"]),
             meaning=str(table["meaning"]).strip(),
             confirm=strings("confirm"),

@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import EXAMPLE, ROOT, Run, _kill_leftovers, launch, torchrun_diag
+from helpers import EXAMPLE, ROOT, Run, kill_leftovers, launch, torchrun_diag
 
 from elastic_diag.agent.cluster import StoreExchange, offset_from_ping
 from elastic_diag.core import merge as nodes
@@ -59,7 +59,7 @@ def finish(procs: list[subprocess.Popen[str]], tmp_path: Path, timeout: float = 
                 os.killpg(p.pid, signal.SIGKILL)
                 p.communicate()
         for d in tmp_path.glob("node*"):
-            _kill_leftovers(d)
+            kill_leftovers(d)
     return errs
 
 
@@ -122,7 +122,7 @@ def test_the_survivors_name_a_node_whose_agent_was_killed(tmp_path):
             pass
         time.sleep(0.2)
     os.kill(procs[1].pid, signal.SIGKILL)  # the host is gone: its agent and its ranks
-    _kill_leftovers(tmp_path / "node1")
+    kill_leftovers(tmp_path / "node1")
     errs = finish(procs, tmp_path)
     rep = report(tmp_path, 0)
     d = rep["diagnosis"]

@@ -6,8 +6,7 @@ from __future__ import annotations
 import sys
 
 import pytest
-from conftest import EXAMPLE, ROOT, launch, plain_torchrun
-from test_launcher_matrix import COMPARED, script_args
+from helpers import COMPARED, EXAMPLE, launch, plain_torchrun, script_args
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(200)]
 
@@ -61,4 +60,3 @@ except ChildFailedError as e:
     run = launch([sys.executable, "-c", code], tmp_path)
     assert "ChildFailedError 1" in run.stdout, run.stderr[-3000:]
     assert verdict(run.report)[:2] == ("silent_exit", 1)
-    assert ROOT
