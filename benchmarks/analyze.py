@@ -103,9 +103,9 @@ def main() -> None:
         pin = ["taskset", "-c", "0"] if shutil.which("taskset") else []
         subprocess.run(["cat", *files], stdout=subprocess.DEVNULL, check=True)  # warm the page cache
         grep_s, _, _ = _timed([*pin, "grep", "-c", "Watchdog", *files])
-        from elastic_diag.offline.analyze import ANCHORS, _ere_escape
+        from elastic_diag.offline.files import ANCHORS, ere_escape
 
-        same = "|".join(_ere_escape(a.decode()) for a in ANCHORS)
+        same = "|".join(ere_escape(a.decode()) for a in ANCHORS)
         os.environ["LC_ALL"] = "C"  # as the analyzer runs its grep
         grep_all_s, _, _ = _timed([*pin, "grep", "-c", "-E", same, *files])
         env_python = [sys.executable, "-m", "elastic_diag.cli", "analyze", "--json", str(folder)]

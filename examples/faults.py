@@ -1,6 +1,6 @@
 """The failures the examples can inject, one name each, shared by train_ddp.py and train_fsdp2.py.
 
-``INJECTIONS`` maps each name to the failure class elastic_diag reports for it (DESIGN.md section 4).
+``INJECTIONS`` maps each name to the failure class elastic_diag reports for it (the classes of docs/report.md).
 Every class the product knows has at least one. Where a CPU can produce the failure for real, it
 does (a segfault is a real SIGSEGV, a full disk is a real write to /dev/full, a port conflict a real
 bind on the master port). Three cannot happen without a GPU or a real network fabric; for those the

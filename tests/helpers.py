@@ -16,6 +16,7 @@ from types import ModuleType
 from typing import Any
 
 import pytest
+
 from elastic_diag.report.schema import validate
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -91,9 +92,10 @@ def script_args(inject: str, pg_timeout: float = 8) -> list[str]:
     return [str(EXAMPLE), "--inject", inject, "--culprit-rank", str(CULPRIT), "--pg-timeout", str(pg_timeout)]
 
 
-# The two cases of TORCHELASTIC_NOTES.md where plain torchrun names a rank that was only waiting: the
-# fault matrix runs them under torchrun-diag, test_plain_torchrun_blames_a_waiting_rank the same job
-# under plain torchrun (one job each, not two: the suite's time is shared).
+# The two cases (docs/how-it-works.md, "Where torchrun loses the evidence") where plain torchrun names a
+# rank that was only waiting: the fault matrix runs them under torchrun-diag,
+# test_plain_torchrun_blames_a_waiting_rank the same job under plain torchrun (one job each, not two:
+# the suite's time is shared).
 # exception-after-cleanup: the culprit's cleanup (14 s) outlasts the collective timeout (8 s), so its
 # waiting peers fail first; a grace of 10 s lets it finish and raise within our capture (margins of
 # 3 s or more both ways). hang: stuck outside any collective until the peers' collective timeout.

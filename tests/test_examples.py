@@ -102,7 +102,7 @@ def test_every_injection_of_both_examples_is_run_by_a_test():
     known = {"python_exception", "segfault", "abort", "killed", "host_oom", "cuda_oom", "cuda_error", "silent_exit",
              "hang", "collective_desync", "collective_mismatch", "collective_timeout", "network_error", "io_error",
              "rendezvous_timeout", "port_conflict", "nan_inf", "straggler", "healthy"}  # fmt: skip
-    assert produced == known  # every failure class of DESIGN.md section 4 but `unknown`
+    assert produced == known  # every failure class (docs/report.md) but `unknown`
     for script, table in TABLES.items():
         for inject in table:
             key = (script, inject)

@@ -18,8 +18,9 @@ from hypothesis import strategies as st
 from elastic_diag.core.classify import classify_attempt
 from elastic_diag.core.evidence import AttemptEvidence, ExceptionRecord, RankEvidence, parse_stack_dump
 from elastic_diag.report.document import AttemptRecord, build_report, write_json_atomic
-from elastic_diag.report.html import load_report_dir, render_html, salvage_object, write_html
+from elastic_diag.report.html import render_html, write_html
 from elastic_diag.report.rank_story import group_rows, rank_rows
+from elastic_diag.report.reading import load_report_dir, salvage_object
 
 FIXTURES = Path(__file__).parent / "fixtures"
 REPORTS = FIXTURES / "reports"

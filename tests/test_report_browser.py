@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from elastic_diag.report.html import ROLE_COLOURS, write_html
+from elastic_diag.report.html import write_html
+from elastic_diag.report.timeline import ROLE_COLOURS
 
 ROOT = Path(__file__).resolve().parents[1]
 ARTIFACTS = ROOT / "test-artifacts"

@@ -84,7 +84,7 @@ def test_signature_docs_are_not_stale():
 def test_every_signature_line_passes_the_analyzers_prefilter():
     """The offline analyzer looks only at lines holding one of its ANCHORS (for speed): every example
     line of every signature must hold one, or `elastic-diag analyze` would never see it."""
-    from elastic_diag.offline.analyze import ANCHORS
+    from elastic_diag.offline.files import ANCHORS
 
     for sig in TAX:
         for line in sig.examples:

@@ -13,7 +13,7 @@ import sys
 import time
 from pathlib import Path
 
-from elastic_diag.report.document import format_summary, print_summary
+from elastic_diag.report.summary import format_summary, print_summary
 from elastic_diag.report.terminal import Paint, Progress, is_tty, table, wants_colour
 
 FIXTURES = Path(__file__).parent / "fixtures"

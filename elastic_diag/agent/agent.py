@@ -38,8 +38,8 @@ from elastic_diag.core.taxonomy import load_taxonomy
 from elastic_diag.gate import controls, policy
 from elastic_diag.gate.policy import AttemptOutcome
 from elastic_diag.layout import ENV_PREVIOUS_DIAGNOSIS, ENV_RESUME_FROM, read_exception
-from elastic_diag.report.document import print_summary
 from elastic_diag.report.session import DiagSession
+from elastic_diag.report.summary import print_summary
 
 logger = logging.getLogger(__name__)
 

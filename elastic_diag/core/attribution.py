@@ -1,6 +1,6 @@
 """Attribution: which rank failed first, and why, as an ordered tuple of named rules.
 
-Each rule takes the attempt's :class:`Context` (the evidence, every rank's
+Each rule takes the attempt's :class:`~elastic_diag.core.context.Context` (the evidence, every rank's
 :class:`~elastic_diag.findings.RankFinding`, the comparison of the flight recorders, the ranks named
 by their peers' lines) and returns a :class:`~elastic_diag.verdict.Diagnosis` or None. The first
 rule that returns one decides, and the verdict names it (``Diagnosis.rule``). The order is the
@@ -31,79 +31,31 @@ product's contract (docs/attribution.md, where each rule has the scenario that e
     ranks, one against one): both sides, no rank named.
 15. ``no_rank_named``: the evidence names no rank; the summary says why.
 
+How a decision becomes a Diagnosis (roles, summary, decisive lines) is :mod:`elastic_diag.core.naming`.
 Pure: no torch, no I/O, no clock.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
-from elastic_diag.core.evidence import AttemptEvidence, RankEvidence
+from elastic_diag.core.context import Context, Rule, build_context
 from elastic_diag.core.findings import RankFinding
-from elastic_diag.core.flight_recorder import Finding
-from elastic_diag.core.taxonomy import Signature, Taxonomy
+from elastic_diag.core.naming import (
+    finding_json,
+    named_verdict,
+    on_node,
+    rank_verdict,
+    roles_around,
+    roles_of,
+    schedule_verdict,
+    unattributed,
+)
+from elastic_diag.core.taxonomy import Signature
 from elastic_diag.core.verdict import MAX_EVIDENCE_LINES, Diagnosis, Role, format_ranks, ranks_phrase, were
 
 NAN_TOGETHER_S = 30.0
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Context:
-    """What every rule sees of one attempt."""
-
-    evidence: AttemptEvidence
-    findings: dict[int, RankFinding]
-    taxonomy: Taxonomy
-    schedule: Finding | None  # where the flight recorders' schedules part, if they do
-    votes: dict[int, list[tuple[Signature, str]]]  # ranks named by their peers' lines (and extra checks)
-    own: tuple[RankFinding, ...]  # ranks that failed on their own, the earliest first
-    symptoms: tuple[RankFinding, ...]  # ranks that failed with a peer's symptom, the earliest first
-    alive: tuple[RankFinding, ...]  # alive or stopped at the verdict, with no failure of their own
-    failing: bool  # a rank failed, the health monitor raised an alarm, or offline records compare
-
-    def ev(self, rank: int) -> RankEvidence:
-        return next(e for e in self.evidence.ranks if e.rank == rank)
-
-
-Rule = Callable[[Context], Diagnosis | None]
-
-
-def _order(f: RankFinding) -> tuple[float, int]:
-    return (f.time if f.time is not None else float("inf"), f.rank)
-
-
-def build_context(
-    evidence: AttemptEvidence,
-    findings: dict[int, RankFinding],
-    taxonomy: Taxonomy,
-    schedule: Finding | None,
-    extra_votes: list[tuple[int, Signature, str]] | None = None,
-) -> Context:
-    failed = [f for f in findings.values() if f.state == "failed"]
-    offline_records = schedule is not None and all(f.state != "succeeded" for f in findings.values())
-    votes: dict[int, list[tuple[Signature, str]]] = {}
-    for f in findings.values():
-        for r, vote_sig, line in f.named:
-            if r != f.rank and r in findings and not vote_sig.wraps:
-                votes.setdefault(r, []).append((vote_sig, line))
-    for r, vote_sig, line in extra_votes or ():
-        if r in findings:
-            votes.setdefault(r, []).append((vote_sig, line))
-    return Context(
-        evidence=evidence,
-        findings=findings,
-        taxonomy=taxonomy,
-        schedule=schedule,
-        votes=votes,
-        own=tuple(sorted((f for f in findings.values() if f.own), key=_order)),
-        symptoms=tuple(sorted((f for f in failed if not f.own and f.hint == "collateral"), key=_order)),
-        alive=tuple(
-            f for f in findings.values() if f.state in ("alive", "stopped") and not f.own and f.hint != "collateral"
-        ),  # fmt: skip
-        failing=bool(failed) or evidence.hang is not None or offline_records or any(f.own for f in findings.values()),
-    )
 
 
 def attribute(ctx: Context, rules: tuple[Rule, ...] | None = None) -> Diagnosis:
@@ -149,10 +101,10 @@ def nonfinite_first(ctx: Context) -> Diagnosis | None:
         return None
     ev = ctx.ev(rank)
     sig = ctx.taxonomy.get("nan-inf-loss")
-    roles = _roles_around(rank, ctx.findings)
+    roles = roles_around(rank, ctx.findings)
     nf = ev.nonfinite or {}
     summary = (
-        f"Rank {rank}{_on(ev)} backpropagated a non-finite loss first (its backward #{backward}, at "
+        f"Rank {rank}{on_node(ev)} backpropagated a non-finite loss first (its backward #{backward}, at "
         f"{nf.get('where')}); the averaged gradients then carried it to every rank."
     )
     if marks[1:]:
@@ -162,7 +114,7 @@ def nonfinite_first(ctx: Context) -> Diagnosis | None:
         summary += f" {ranks_phrase(collateral)} then failed on the non-finite values."
     lines = [f"rank {rank}: loss.backward() on a non-finite loss (backward #{backward}) at {nf.get('where')}"]
     lines.extend(f"rank {f.rank}: {f.lines[0]}" for f in ctx.findings.values() if f.rank != rank and f.lines)
-    return _named(sig, "nan_inf", ev, summary, lines, roles,
+    return named_verdict(sig, "nan_inf", ev, summary, lines, roles,
                   exception_type=ev.exception.type if ev.exception else None)  # fmt: skip
 
 
@@ -212,7 +164,7 @@ def own_failure_first(ctx: Context) -> Diagnosis | None:
         return None
     first = ctx.own[0]
     if first.failure_class == "rendezvous_timeout" and first.state == "failed":
-        return _unattributed(
+        return unattributed(
             first.signature,
             "rendezvous_timeout",
             "The rendezvous did not complete: ranks are assigned only after it does, so no rank can be named; "
@@ -223,7 +175,7 @@ def own_failure_first(ctx: Context) -> Diagnosis | None:
     together = [f for f in ctx.own[1:] if f.signature is first.signature and first.failure_class == "nan_inf"
                 and (f.time is None or first.time is None or abs(f.time - first.time) < NAN_TOGETHER_S)]  # fmt: skip
     if together:
-        return _unattributed(
+        return unattributed(
             first.signature,
             "nan_inf",
             f"Ranks {format_ranks(sorted([first.rank] + [f.rank for f in together]))} became non-finite "
@@ -232,7 +184,7 @@ def own_failure_first(ctx: Context) -> Diagnosis | None:
             first.lines,
             {r: "unknown" for r in ctx.findings},
         )
-    return _rank_verdict(ctx, first, "failed first on its own")
+    return rank_verdict(ctx, first, "failed first on its own")
 
 
 _RANK_IN_TEXT = re.compile(r"\(RANK (?P<rank>\d+)\)")
@@ -272,14 +224,14 @@ def named_in_exception(ctx: Context) -> Diagnosis | None:
     reporters = sorted({f.rank for f, _s, _l in named[rank]})
     what = inner_line or line
     summary = (
-        f"Rank {rank}{_on(ev)} failed: {what[:300]}. {ranks_phrase(reporters)} raised the same wrapper exception "
+        f"Rank {rank}{on_node(ev)} failed: {what[:300]}. {ranks_phrase(reporters)} raised the same wrapper exception "
         f"({line[:160]}), naming rank {rank} as the rank whose part failed."
     )
     others = sorted(named)
     if len(others) > 1:
         summary += f" It also names rank(s) {format_ranks([r for r in others if r != rank])}."
     lines = [line[:1000]] + ([inner_line[:1000]] if inner_line else [])
-    return _named(sig, sig.failure_class, ev, summary, lines, roles, exception_type=inner_type)
+    return named_verdict(sig, sig.failure_class, ev, summary, lines, roles, exception_type=inner_type)
 
 
 def _inner_error(ctx: Context, rank: int) -> tuple[Signature | None, str | None, str | None]:
@@ -343,7 +295,7 @@ def schedule_parted(ctx: Context) -> Diagnosis | None:
             sides = {r: (v if r != rank else f"another collective, at {mine} (no record: it aborted receiving more "
                          "bytes than its tensor holds)") for r, v in s.sides.items()}  # fmt: skip
             s = replace(s, kind="desync", sides=sides)
-    return _schedule_verdict(ctx, s, rank)
+    return schedule_verdict(ctx, s, rank)
 
 
 def named_by_peers(ctx: Context) -> Diagnosis | None:
@@ -352,7 +304,7 @@ def named_by_peers(ctx: Context) -> Diagnosis | None:
         return None
     rank = max(ctx.votes, key=lambda r: (len(ctx.votes[r]), -r))
     naming = max(ctx.votes[rank], key=lambda v: v[0].priority)
-    return _rank_verdict(ctx, ctx.findings[rank], f"is named by {len(ctx.votes[rank])} line(s) of its peers",
+    return rank_verdict(ctx, ctx.findings[rank], f"is named by {len(ctx.votes[rank])} line(s) of its peers",
                          naming=naming)  # fmt: skip
 
 
@@ -364,7 +316,7 @@ def missing_from_collective(ctx: Context) -> Diagnosis | None:
     f = ctx.findings[s.ranks[0]]
     if f.in_collective and ctx.evidence.hang is None:
         return None
-    return _rank_verdict(ctx, f, f"never entered collective #{s.seq} of process group {s.group} that its peers "
+    return rank_verdict(ctx, f, f"never entered collective #{s.seq} of process group {s.group} that its peers "
                                  "waited in")  # fmt: skip
 
 
@@ -374,13 +326,13 @@ def hang_alarm(ctx: Context) -> Diagnosis | None:
     if hang is None or (watched := hang.get("rank")) not in ctx.findings:
         return None
     assert isinstance(watched, int)
-    return _rank_verdict(ctx, ctx.findings[watched], "")
+    return rank_verdict(ctx, ctx.findings[watched], "")
 
 
 def alive_outside_collective(ctx: Context) -> Diagnosis | None:
     """A rank alive outside any collective while its peers waited (its stack)."""
     outside = sorted((f for f in ctx.alive if f.in_collective is False), key=lambda f: f.rank)
-    return _rank_verdict(ctx, outside[0], "") if outside else None
+    return rank_verdict(ctx, outside[0], "") if outside else None
 
 
 def odd_location(ctx: Context) -> Diagnosis | None:
@@ -397,14 +349,14 @@ def odd_location(ctx: Context) -> Diagnosis | None:
     small, big = sorted(counts.values(), key=len)
     if len(small) != 1 or len(big) < 2:
         return None
-    return _schedule_verdict(ctx, None, small[0])
+    return schedule_verdict(ctx, None, small[0])
 
 
 def only_rank_without_error(ctx: Context) -> Diagnosis | None:
     """Every other rank reported a timeout or a lost peer; this one reported nothing."""
     if not ctx.symptoms or len(ctx.alive) != 1:
         return None
-    return _rank_verdict(ctx, ctx.alive[0], "neither failed nor reported a timeout while every other rank did")
+    return rank_verdict(ctx, ctx.alive[0], "neither failed nor reported a timeout while every other rank did")
 
 
 def exited_while_peers_waited(ctx: Context) -> Diagnosis | None:
@@ -412,7 +364,7 @@ def exited_while_peers_waited(ctx: Context) -> Diagnosis | None:
     early = [f for f in ctx.findings.values() if f.state == "succeeded"]
     if not ctx.symptoms or ctx.alive or len(early) != 1:
         return None
-    return _rank_verdict(ctx, early[0], "exited 0 while its peers still waited for it in a collective")
+    return rank_verdict(ctx, early[0], "exited 0 while its peers still waited for it in a collective")
 
 
 def schedules_disagree(ctx: Context) -> Diagnosis | None:
@@ -444,13 +396,13 @@ def schedules_disagree(ctx: Context) -> Diagnosis | None:
         collateral_ranks=tuple(sorted(r for r, role in roles.items() if role == "collateral")),
         roles=roles,
         retryable=sig.retryable,
-        collective=_finding_json(s, ctx.evidence),
+        collective=finding_json(s, ctx.evidence),
     )
 
 
 def no_rank_named(ctx: Context) -> Diagnosis:
     """The evidence names no rank: say so, and why."""
-    roles = _roles(ctx, None)
+    roles = roles_of(ctx, None)
     collateral_ranks = sorted(r for r, role in roles.items() if role == "collateral")
     failed = [f for f in ctx.findings.values() if f.state == "failed"]
     lead = ctx.symptoms[0] if ctx.symptoms else (failed[0] if failed else None)
@@ -487,7 +439,7 @@ def no_rank_named(ctx: Context) -> Diagnosis:
             "own or a peer's symptom, and none was seen alive outside a collective."
         )
     waiting = tuple(line for f in ctx.symptoms[:2] for line in f.lines)
-    return _unattributed(no_sig, cls, summary, waiting, roles, tuple(collateral_ranks))
+    return unattributed(no_sig, cls, summary, waiting, roles, tuple(collateral_ranks))
 
 
 RULES: tuple[Rule, ...] = (
@@ -512,299 +464,4 @@ RULES: tuple[Rule, ...] = (
 # --- verdicts -----------------------------------------------------------------------------------
 
 
-def _on(ev: RankEvidence) -> str:
-    return f" on {ev.node}" if ev.node else ""
-
-
-def _roles(ctx: Context, initiating: int | None) -> dict[int, Role]:
-    roles: dict[int, Role] = {}
-    hang = ctx.evidence.hang
-    for r, f in ctx.findings.items():
-        if initiating is not None and r == initiating:
-            roles[r] = "initiating"
-        elif f.state == "succeeded":
-            roles[r] = "healthy"
-        elif f.state == "failed" and f.hint == "collateral" and not f.own:
-            roles[r] = "collateral"
-        elif f.state in ("alive", "stopped"):
-            # after a hang alarm, a rank stopped while it waited inside a collective waited for the culprit
-            roles[r] = "collateral" if hang is not None and f.in_collective else "stopped"
-        else:
-            roles[r] = "unknown"
-    return roles
-
-
-def _roles_around(initiating: int, findings: dict[int, RankFinding]) -> dict[int, Role]:
-    roles: dict[int, Role] = {}
-    for r, f in findings.items():
-        if r == initiating:
-            roles[r] = "initiating"
-        elif f.state == "succeeded":
-            roles[r] = "healthy"
-        elif f.state == "failed" or f.in_collective:
-            roles[r] = "collateral"
-        else:
-            roles[r] = "stopped"
-    return roles
-
-
-def _unattributed(
-    sig: Signature | None,
-    failure_class: str,
-    summary: str,
-    evidence: tuple[str, ...],
-    roles: dict[int, Role],
-    collateral_ranks: tuple[int, ...] = (),
-) -> Diagnosis:
-    """A verdict that names no initiating rank, with the signature's fix and verification."""
-    return Diagnosis(
-        failure_class=failure_class,
-        signature_id=sig.id if sig else None,
-        summary=summary,
-        evidence=evidence[:MAX_EVIDENCE_LINES],
-        fix=sig.fix if sig else None,
-        verify=sig.verify if sig else None,
-        collateral_ranks=collateral_ranks,
-        roles=roles,
-        retryable=sig.retryable if sig else None,
-    )
-
-
-def _named(
-    sig: Signature,
-    cls: str,
-    ev: RankEvidence,
-    summary: str,
-    lines: list[str],
-    roles: dict[int, Role],
-    *,
-    exception_type: str | None = None,
-    collective: dict[str, object] | None = None,
-) -> Diagnosis:
-    """A verdict naming ``ev``'s rank, with the signature's fix and verification."""
-    return Diagnosis(
-        failure_class=cls,
-        initiating_rank=ev.rank,
-        initiating_node=ev.node or None,
-        exception_type=exception_type,
-        signature_id=sig.id,
-        summary=summary,
-        evidence=tuple(lines[:MAX_EVIDENCE_LINES]),
-        fix=sig.fix,
-        verify=sig.verify,
-        collateral_ranks=tuple(sorted(r for r, role in roles.items() if role == "collateral")),
-        roles=roles,
-        retryable=sig.retryable,
-        collective=collective,
-    )
-
-
-def _hang_line(hang: dict[str, object]) -> str:
-    return (
-        f"elastic_diag health monitor: no rank made progress for {hang.get('stalled_s')} s "
-        f"(threshold {hang.get('threshold_s')} s, {hang.get('reason', 'hang timeout')})"
-    )
-
-
-_DDP_UNUSED = re.compile(
-    r"(?:Parameters|Parameter indices) which did not receive grad for rank (?P<rank>\d+): (?P<p>.+)"
-)
-
-
-def _rank_verdict(
-    ctx: Context, initiating: RankFinding, reason: str, naming: tuple[Signature, str] | None = None
-) -> Diagnosis:
-    """The verdict naming ``initiating``: its class, the lines that show it, and a summary of the
-    roles of the others."""
-    evidence = ctx.evidence
-    tax = ctx.taxonomy
-    ev = ctx.ev(initiating.rank)
-    roles = _roles(ctx, initiating.rank)
-    collateral_ranks = sorted(r for r, role in roles.items() if role == "collateral")
-    symptoms = list(ctx.symptoms)
-    other_own = [f.rank for f in ctx.own if f.rank != initiating.rank]
-    exc = initiating.exception
-    sig: Signature | None
-    if naming is not None:
-        sig = naming[0]
-        cls = sig.failure_class
-        lines = [naming[1]]
-    elif initiating.state == "succeeded":
-        sig = tax.get("nccl-desync-report")
-        cls = "collective_desync"
-        lines = [f"rank {ev.rank} exited with status 0 while its peers waited for it in a collective"]
-    elif initiating.own:
-        sig = initiating.signature
-        cls = initiating.failure_class
-        lines = list(initiating.lines)
-    elif symptoms and all(f.failure_class == "rendezvous_timeout" for f in symptoms):
-        # its peers timed out waiting for it to join the process group: it never arrived
-        sig = symptoms[0].signature
-        cls = "rendezvous_timeout"
-        frame = ev.stack.user_frame() if ev.stack else None
-        lines = [f"rank {ev.rank} never joined the process group" + (f"; it was at {frame}" if frame else "")]
-    else:
-        sig = tax.get("hang-outside-collective")
-        cls = sig.failure_class
-        frame = ev.stack.user_frame() if ev.stack else None
-        lines = [
-            f"rank {ev.rank} alive, main thread at {frame}"
-            if frame
-            else f"rank {ev.rank} reported no error of its own while its peers timed out (no stack was taken)"
-        ]
-    for f in symptoms[:2]:
-        lines.extend(f"rank {f.rank}: {line}" for line in f.lines[:1])
-
-    last = exc.last_line.splitlines()[0] if exc is not None and exc.last_line else None
-    what = {
-        "python_exception": f"raised {last}" if last else "raised an exception",
-        "host_oom": "ran out of host memory" + (f" ({exc.type})" if exc else ""),
-        "segfault": f"died by {ev.signal or 'a fatal signal'} in native code",
-        "abort": f"aborted ({ev.signal or 'SIGABRT'})",
-        "killed": f"was killed by {ev.signal or 'a signal'} from outside the job",
-        "silent_exit": f"exited with status {ev.exit_code} without a traceback",
-        "hang": "was stuck outside any collective",
-        "rendezvous_timeout": "never joined the process group its peers waited for",
-    }.get(cls, f"failed ({sig.title if sig else cls})")
-    if cls == "killed" and exc is not None and exc.type.endswith("KeyboardInterrupt"):
-        what = "was interrupted (SIGINT, KeyboardInterrupt) from outside the job"
-    if naming is not None:
-        what = f"is named by its peers: {sig.title if sig else cls}"
-    elif cls == "hang" and ev.stack is None:
-        what = "never reached the collective its peers waited in (it reported no error of its own)"
-    elif cls == "collective_desync" and sig is not None and sig.id == "ddp-unfinished-reduction":
-        what = "skipped parameters in its forward (DDP's reduction of the previous step never finished)"
-        m = _DDP_UNUSED.search(exc.message if exc else " ".join(initiating.lines))
-        if m:
-            what += f": {m['p'].strip()[:200]}"
-    loc = exc.location() if exc is not None and initiating.own else None
-    if exc is not None and initiating.own and (user := exc.user_location()):
-        loc = user
-    if cls in ("hang", "rendezvous_timeout") and ev.stack is not None and ev.stack.user_frame() is not None:
-        loc = str(ev.stack.user_frame())
-    summary = f"Rank {ev.rank}{_on(ev)} {what}" + (f" at {loc}" if loc else "")
-    if exc is not None and exc.thread and initiating.own:
-        summary += f" in thread {exc.thread!r}"
-    summary += ", while its peers waited." if cls == "hang" and ev.stack is not None else "."
-    if initiating.own and initiating.printed and initiating.time is not None:
-        lead = _lead(ctx, initiating)
-        if initiating.state in ("alive", "stopped"):
-            summary += (f" It printed the error{f' {lead}' if lead else ''} and was still alive (cleaning up, or "
-                        "stuck after it) when the launcher stopped it.")  # fmt: skip
-        elif lead:
-            summary += f" It printed the error {lead}, then exited only later."
-    if collateral_ranks and evidence.hang is not None and not initiating.own:
-        summary += (
-            f" {ranks_phrase(collateral_ranks)} waited for it inside a collective and {were(collateral_ranks)} stopped."
-        )
-    elif collateral_ranks:
-        summary += f" {ranks_phrase(collateral_ranks)} then failed waiting for it."
-    stopped = sorted(r for r, role in roles.items() if role == "stopped")
-    if stopped:
-        summary += f" {ranks_phrase(stopped)} {were(stopped)} stopped by the launcher."
-    if other_own:
-        their = "its" if len(other_own) == 1 else "their"
-        summary += f" {ranks_phrase(other_own)} also failed on {their} own, later."
-    if reason and cls != "hang" and reason != "failed first on its own":
-        summary += f" (Rank {ev.rank} {reason}.)"
-
-    schedule = ctx.schedule
-    if schedule is not None and schedule.kind == "missing" and ev.rank in schedule.ranks:
-        lines.append(schedule.summary)
-    if evidence.hang is not None and not initiating.own:
-        lines.append(_hang_line(evidence.hang))
-    return Diagnosis(
-        failure_class=cls,
-        initiating_rank=ev.rank,
-        initiating_node=ev.node or None,
-        exception_type=exc.type if exc is not None and initiating.own and naming is None else None,
-        signature_id=sig.id if sig else None,
-        summary=summary,
-        evidence=tuple(lines[:MAX_EVIDENCE_LINES]),
-        fix=sig.fix if sig else None,
-        verify=sig.verify if sig else None,
-        collateral_ranks=tuple(collateral_ranks),
-        roles=roles,
-        retryable=sig.retryable if sig else None,
-        collective=_finding_json(schedule, evidence) if schedule is not None and ev.rank in schedule.ranks else None,
-    )
-
-
-def _lead(ctx: Context, initiating: RankFinding) -> str:
-    """``14.2 s before its peers failed``: how far ahead of the others its printed error was."""
-    others = [f.time for f in ctx.findings.values() if f.rank != initiating.rank and f.state == "failed" and f.time]
-    if not others or initiating.time is None:
-        return ""
-    ahead = min(others) - initiating.time
-    return f"{ahead:.1f} s before the first of its peers failed" if ahead > 0.05 else ""
-
-
-def _finding_json(finding: Finding, evidence: AttemptEvidence) -> dict[str, object]:
-    where = {ev.rank: ev.location() for ev in evidence.ranks}
-    return {
-        "kind": finding.kind,
-        "process_group": finding.group,
-        "seq": finding.seq,
-        "ranks": list(finding.ranks),
-        "sides": {str(r): v for r, v in finding.sides.items()},
-        "source": {str(r): loc for r, loc in sorted(where.items()) if loc},
-    }
-
-
-def _locations_lines(evidence: AttemptEvidence, focus: int) -> list[str]:
-    """``rank 2 at file:line``, then the other ranks grouped by where they were."""
-    groups: dict[str, list[int]] = {}
-    for ev in evidence.ranks:
-        if ev.rank != focus and (loc := ev.location()):
-            groups.setdefault(loc, []).append(ev.rank)
-    own = next((ev.location() for ev in evidence.ranks if ev.rank == focus), None)
-    lines = [f"rank {focus} was at {own}"] if own else []
-    lines.extend(f"ranks {format_ranks(rs)} were at {loc}" for loc, rs in sorted(groups.items(), key=lambda kv: kv[1]))
-    return lines
-
-
-def _schedule_verdict(ctx: Context, finding: Finding | None, rank: int) -> Diagnosis:
-    """The ranks' collective schedules part: from the flight recorders (``finding``), or from where
-    each rank's code was (``finding`` None)."""
-    evidence, findings, tax = ctx.evidence, ctx.findings, ctx.taxonomy
-    ev = ctx.ev(rank)
-    mismatch = finding is not None and finding.kind == "mismatch"
-    sig = tax.get("collective-mismatch") if mismatch else tax.get("collective-schedule-diverged")
-    cls = "collective_mismatch" if mismatch else "collective_desync"
-    roles = _roles_around(rank, findings)
-    loc = ev.location()
-    if finding is not None:
-        others = sorted(r for r in finding.sides if r != rank)
-        theirs = next((finding.sides[r] for r in others), "?")
-        what = "the same collective with other sizes, dtypes or op" if mismatch else "a different collective"
-        summary = (
-            f"Rank {rank}{_on(ev)} issued {what} than its peers at collective #{finding.seq} of process group "
-            f"{finding.group}: {finding.sides[rank]} against {theirs} on ranks {format_ranks(others)}"
-        )
-        lines = [
-            f"elastic_diag: collective schedules part at process group {finding.group}, collective #{finding.seq}: "
-            "the ranks did not join the same collective",
-            *(f"rank {r}: #{finding.seq} {side}" for r, side in sorted(finding.sides.items())),
-        ]
-    else:
-        summary = (
-            f"Rank {rank}{_on(ev)} was at another place in the code than all its peers when their collectives "
-            "failed: its collective schedule parted from theirs"
-        )
-        if ev.flight_record is None:
-            died = f", it died by {ev.signal}" if ev.signal else ""
-            summary += f" (rank {rank} left no flight-recorder record{died})"
-        lines = ["elastic_diag: collective schedules part: the ranks did not join the same collective"]
-    summary += f"; rank {rank} was at {loc}." if loc else "."
-    collateral = sorted(r for r, role in roles.items() if role == "collateral")
-    if collateral:
-        summary += f" {ranks_phrase(collateral)} then failed in the collectives that no longer matched."
-    lines.extend(_locations_lines(evidence, rank))
-    for f in findings.values():
-        if f.rank != rank and f.state == "failed" and f.lines:
-            lines.append(f"rank {f.rank}: {f.lines[0]}")
-            break
-    if evidence.hang is not None:
-        lines.append(_hang_line(evidence.hang))
-    collective = _finding_json(finding, evidence) if finding is not None else None
-    return _named(sig, cls, ev, summary, lines, roles, collective=collective)
+__all__ = ["RULES", "Context", "Rule", "attribute", "build_context"]

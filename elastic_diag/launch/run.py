@@ -157,7 +157,7 @@ def run_diagnosed(args: argparse.Namespace) -> int:
     from elastic_diag.gate.policy import load_policy
     from elastic_diag.launch.launcher import launch_agent
     from elastic_diag.launch.setup import open_session
-    from elastic_diag.report.document import print_summary
+    from elastic_diag.report.summary import print_summary
 
     _check_script(args)
     config = DiagConfig.resolve(

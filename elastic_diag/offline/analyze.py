@@ -15,25 +15,15 @@ import json
 import os
 import re
 import shutil
-import subprocess
-from collections import deque
-from collections.abc import Callable, Iterable, Iterator
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
-from elastic_diag.core.classify import Diagnosis, classify_attempt, format_ranks
+from elastic_diag.core.classify import format_ranks
 from elastic_diag.core.evidence import (
-    AttemptEvidence,
     ExceptionRecord,
-    RankEvidence,
-    parse_stack_dump,
-    signal_name,
 )
-from elastic_diag.core.flight_recorder import RankRecord
 from elastic_diag.core.log_lines import (
-    SummaryFailure,
     SummaryParser,
     message_rank,
     parse_deepspeed_exit,
@@ -42,9 +32,8 @@ from elastic_diag.core.log_lines import (
     parse_line,
     rank_from_path,
 )
-from elastic_diag.core.taxonomy import Signature, Taxonomy, load_taxonomy
+from elastic_diag.core.taxonomy import Taxonomy, load_taxonomy
 from elastic_diag.layout import (
-    ANALYSIS_SCHEMA,
     ENV_NO_GREP,
     ERROR_FILE,
     EXCEPTION_FILE,
@@ -57,200 +46,62 @@ from elastic_diag.layout import (
     read_json,
     read_tail,
 )
+from elastic_diag.offline.files import ANCHORS, MAPPING_ANCHORS, candidate_lines, grep_batches, is_binary, iter_files
+from elastic_diag.offline.reconcile import reconcile
+from elastic_diag.offline.records import EXC_LINE, TAIL_LINES, Analysis, Hit, LogFacts, RankLog
 from elastic_diag.report.terminal import Paint
 
-SCHEMA = ANALYSIS_SCHEMA
 CHUNK = 4 << 20
 MAX_LINE = 64 * 1024  # longer lines are cut before matching
 MAX_HITS_PER_RANK = 64
 CONTEXT_LINES = 100
-TAIL_LINES = 20
-# The prefilter: a line is looked at only if it contains one of these. Each costs one C-level pass
-# (bytes.find, 1.3 to 2 GB/s here), so they are few and long; a test checks that every signature's
-# example lines contain one. Exception lines ("...Error: ", "...Exception"), NCCL WARN lines, the
-# watchdog's, timeouts, kills, exits and signals, NaN lines, NCCL's desync report, kernel Xid lines.
-ANCHORS = (b"rror", b"xception", b"WARN", b"atchdog", b"imed out", b"illed", b"xit", b"ignal", b" nan",
-           b"finite", b" join", b"Xid (", b"nterrupt", b"egmentation", b"preamble")  # fmt: skip
-# Lines that only map a pid or a local rank to a global rank: read in a second pass, and only when
-# some error line needs such a mapping (raw NCCL lines, kernel OOM lines, DeepSpeed exits).
-MAPPING_ANCHORS = (b"pid", b"nranks", b"nRanks", b"rank_mapping", b"closing signal")
-_EXC_LINE = re.compile(
-    r"^(?P<type>(?:[A-Za-z_][\w]*\.)*[A-Z]\w*(?:Error|Exception|Interrupt|Exit))(?::\s?(?P<msg>.*))?$"
-)
-_CONTROL_BYTES = bytes(b for b in range(32) if b not in (9, 10, 13, 27)) + b"\x7f"
 _RANK_PREFIX = re.compile(rb"^(?:([a-z0-9][a-z0-9.-]*\d[a-z0-9.-]*): )?\[(rank|default)(\d+)\]:", re.M)
 _BOTH_PREFIXES = re.compile(rb"^(?:([a-z0-9][a-z0-9.-]*\d[a-z0-9.-]*): )?\[default(\d+)\]:\[rank(\d+)\]:", re.M)
 _SUMMARY_RANK = re.compile(rb"rank\s+: (\d+) \(local_rank: (\d+)\)")
 _CLOSING = re.compile(r"Sending process (\d+) closing signal")
 _NCCL_RANK = re.compile(r"NCCL INFO .*?\brank (\d+) n[Rr]anks \d+")
-_WATCHDOG = re.compile(r"WorkNCCL\(SeqNum=(?P<seq>\d+), OpType=(?P<op>\w+)")
 _PID = re.compile(r"\bpid[=: ]\s?(\d{2,})\b")
 
 
-def _ere_escape(text: str) -> str:
-    """``text`` as a POSIX extended regular expression matching it literally."""
-    return re.sub(r"([.\\[\]()*+?{}|^$])", r"\\\1", text)
-
-
-@dataclass(slots=True)
-class Hit:
-    signature: Signature
-    text: str
-    source: int
-    offset: int
-    order: int  # position in the whole read, to order hits of one file
-
-
-@dataclass(slots=True)
-class RankLog:
-    rank: int
-    node: str | None = None
-    hits: list[Hit] = field(default_factory=list)
-    exception: ExceptionRecord | None = None
-    exception_hit: Hit | None = None
-    last_lines: deque[str] = field(default_factory=lambda: deque(maxlen=TAIL_LINES))
-    lines: int = 0
-    time: float | None = None
-    pid: int | None = None
-    exit_code: int | None = None
-    stopped: bool = False
-    stack: str | None = None
-
-
-@dataclass(slots=True)
-class Analysis:
-    diagnosis: Diagnosis
-    ranks: dict[int, RankLog]
-    files: list[str]
-    skipped: list[str]
-    context: list[str]
-    torchrun_root: int | None
-    decisive: Hit | None
-
-    def to_json(self) -> dict[str, Any]:
-        roles = self.diagnosis.roles
-        return {
-            "schema": SCHEMA,
-            "diagnosis": self.diagnosis.to_json(),
-            "ranks": [
-                {
-                    "rank": r.rank,
-                    "node": r.node,
-                    "role": roles.get(r.rank, "unknown"),
-                    "exit_code": r.exit_code,
-                    "signal": signal_name(r.exit_code),
-                    "first_error_time": r.time,
-                    "last_lines": list(r.last_lines),
-                    "stack": None,
-                    "errors": [h.text for h in _distinct(r.hits)][:8],
-                }
-                for r in sorted(self.ranks.values(), key=lambda r: r.rank)
-            ],
-            "context": self.context,
-            "torchrun_root_cause_rank": self.torchrun_root,
-            "files": self.files,
-            "skipped": self.skipped,
-        }
-
-
-def _distinct(hits: list[Hit]) -> list[Hit]:
-    seen: set[str] = set()
-    out = []
-    for h in hits:
-        if h.signature.id not in seen:
-            seen.add(h.signature.id)
-            out.append(h)
-    return out
-
-
-def candidate_lines(chunk: bytes, anchors: tuple[bytes, ...]) -> list[int]:
-    """Start offsets of the lines of ``chunk`` that contain an anchor, sorted and distinct."""
-    starts: set[int] = set()
-    for anchor in anchors:
-        i = chunk.find(anchor)
-        while i >= 0:
-            start = chunk.rfind(b"\n", 0, i) + 1
-            starts.add(start)
-            end = chunk.find(b"\n", i)
-            if end < 0:
-                break
-            i = chunk.find(anchor, end)
-    return sorted(starts)
-
-
 # --- walking the paths ---------------------------------------------------------------------------
-
-
-def iter_files(paths: Iterable[str | Path], skipped: list[str]) -> Iterator[Path]:
-    """Regular files under the paths, sorted; symlinks are not followed into loops."""
-    seen: set[tuple[int, int]] = set()
-    for raw in paths:
-        p = Path(raw)
-        if not p.exists():
-            skipped.append(f"{p}: no such file or folder")
-            continue
-        if p.is_file():
-            yield p
-            continue
-        for root, dirs, files in os.walk(p, followlinks=False):
-            dirs.sort()
-            for name in sorted(files):
-                f = Path(root) / name
-                try:
-                    st = f.stat()
-                except OSError as e:
-                    skipped.append(f"{f}: {e.strerror or e}")
-                    continue
-                key = (st.st_dev, st.st_ino)
-                if key in seen or not f.is_file():
-                    continue
-                seen.add(key)
-                yield f
-
-
-def _is_binary(head: bytes) -> bool:
-    """Mostly non-text: a core dump, a pickle. A log with some NUL bytes or junk is still read."""
-    if not head:
-        return False
-    controls = len(head) - len(head.translate(None, _CONTROL_BYTES))
-    invalid = head.decode("utf-8", errors="replace").count("\ufffd")
-    return (controls + invalid) / len(head) > 0.3
 
 
 # --- reading ---------------------------------------------------------------------------------------
 
 
 class Analyzer:
+    """Reads the files and gathers :class:`LogFacts`; :meth:`finish` hands them to the pure
+    :func:`~elastic_diag.offline.reconcile.reconcile`. The reading state is the anchors of the pass
+    (the mapping pass reads only the lines that map pids and local ranks to ranks), the local-rank
+    offsets of the file being read, and the position of each hit in the whole read."""
+
     def __init__(self, taxonomy: Taxonomy | None = None) -> None:
         self.taxonomy = taxonomy or load_taxonomy()
+        self.facts = LogFacts()
+        self.summary = SummaryParser()
         self.anchors: tuple[bytes, ...] = ANCHORS
-        self._local_offsets: dict[str | None, int] = {}
         self.mapping_only = False
         self.use_grep = os.environ.get(ENV_NO_GREP, "") in ("", "0") and shutil.which("grep") is not None
-        self.ranks: dict[int, RankLog] = {}
-        self.summary = SummaryParser()
-        self.failed_lines: list[tuple[int, int, int]] = []
-        self.files: list[str] = []
-        self.skipped: list[str] = []
-        self.unranked: list[Hit] = []
-        self._order = 0
-        self.ds_mapping: dict[str, list[int]] = {}
-        self.pids: dict[int, int] = {}
-        self.sigtermed: set[int] = set()  # pids torch's agent sent a closing signal: alive at teardown
-        self.pid_hits: list[tuple[int, Hit]] = []
-        self.ds_exits: list[tuple[str | None, int, int]] = []
-        self.flight_records: dict[int, RankRecord] = {}
         self.progress: Callable[[str], None] = lambda _text: None
+        self._local_offsets: dict[str | None, int] = {}
+        self._order = 0
 
-    def rank(self, r: int) -> RankLog:
-        if r not in self.ranks:
-            self.ranks[r] = RankLog(rank=r)
-        return self.ranks[r]
+    @property
+    def ranks(self) -> dict[int, RankLog]:
+        return self.facts.ranks
+
+    def finish(self) -> Analysis:
+        """The verdict (:func:`reconcile`), and the lines of the log around its decisive line."""
+        self.facts.summary_failures = self.summary.finish()
+        analysis = reconcile(self.facts, self.taxonomy)
+        if analysis.decisive is not None:
+            analysis.context = self._context(analysis.decisive)
+        return analysis
 
     def add_paths(self, paths: Iterable[str | Path], progress: Callable[[str], None] | None = None) -> None:
         """Read every file under ``paths``; ``progress`` hears how far it got (a terminal's progress line)."""
         self.progress = progress or (lambda _text: None)
-        files = list(iter_files(paths, self.skipped))
+        files = list(iter_files(paths, self.facts.skipped))
         self.progress(f"{len(files)} file(s) found")
         done = self._grep_scan(files) if self.use_grep else set()
         for i, f in enumerate(files):
@@ -261,8 +112,8 @@ class Analyzer:
             try:
                 self.add_file(f)
             except OSError as e:
-                self.skipped.append(f"{f}: {e.strerror or e}")
-        if self.pid_hits or self.ds_exits:
+                self.facts.skipped.append(f"{f}: {e.strerror or e}")
+        if self.facts.pid_hits or self.facts.ds_exits:
             self._mapping_pass()
 
     def _grep_scan(self, files: list[Path]) -> set[Path]:
@@ -274,35 +125,14 @@ class Analyzer:
                 continue
             try:
                 with open(f, "rb") as fp:
-                    if _is_binary(fp.read(8192)):
+                    if is_binary(fp.read(8192)):
                         continue
             except OSError:
                 continue
             eligible.append(f)
         done: set[Path] = set()
-        # One ERE alternation in the C locale: GNU grep's DFA runs it 1.6x faster than -F with the same
-        # strings (its multi-string search slows down with short anchors; docs/benchmarks.md).
-        pattern = "|".join(_ere_escape(a.decode()) for a in (*ANCHORS, b"ChildFailedError"))
-        env = {**os.environ, "LC_ALL": "C"}
-
-        def grep(batch: list[Path]) -> bytes | None:
-            try:
-                return subprocess.run(
-                    ["grep", "-a", "-b", "-H", "-Z", "-E", "-e", pattern, "--", *map(str, batch)],
-                    capture_output=True, timeout=600, check=False, env=env,
-                ).stdout  # fmt: skip
-            except (OSError, subprocess.SubprocessError):
-                return None  # this batch is left to the Python path
-
-        # one grep per usable core (the output is only the matching lines, small), consumed in order
-        workers = max(1, min(4, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1))
-        size = max(1, min(256, -(-len(eligible) // workers)))
-        batches = [eligible[i : i + size] for i in range(0, len(eligible), size)]
-        with ThreadPoolExecutor(max_workers=workers) as pool:
-            for n, (batch, out) in enumerate(zip(batches, pool.map(grep, batches), strict=True)):
-                self.progress(f"scanned {min((n + 1) * size, len(eligible))} of {len(eligible)} log file(s)")
-                if out is not None:
-                    self._grep_batch(batch, out, done)
+        for batch, out in grep_batches(eligible, self.progress):
+            self._grep_batch(batch, out, done)
         return done
 
     def _grep_batch(self, batch: list[Path], out: bytes, done: set[Path]) -> None:
@@ -317,13 +147,13 @@ class Analyzer:
             lines = hits.get(str(f), [])
             if any(b"ChildFailedError" in line for _, line in lines):
                 continue  # torchrun's summary needs every line after it: the Python path
-            idx = len(self.files)
-            self.files.append(str(f))
+            idx = len(self.facts.files)
+            self.facts.files.append(str(f))
             file_rank = rank_from_path(f)
             if file_rank is None:
                 continue
             if f.stat().st_size:
-                self.rank(file_rank).lines += 1
+                self.facts.rank(file_rank).lines += 1
             for offset, line in lines:
                 if any(a in line for a in ANCHORS):
                     self._line(line[:MAX_LINE].decode("utf-8", errors="replace"), offset, idx, file_rank)
@@ -334,7 +164,7 @@ class Analyzer:
         """Second pass over the text files, for the lines that map pids / local ranks to ranks."""
         self.anchors, self.mapping_only = MAPPING_ANCHORS, True
         try:
-            for idx, name in enumerate(self.files):
+            for idx, name in enumerate(self.facts.files):
                 with open(name, "rb") as fp:
                     file_rank = rank_from_path(name)
                     head = fp.read(8192)
@@ -342,7 +172,7 @@ class Analyzer:
                     fp.seek(0)
                     self._scan(fp, idx, file_rank)
         except OSError as e:
-            self.skipped.append(f"second pass: {e.strerror or e}")
+            self.facts.skipped.append(f"second pass: {e.strerror or e}")
         finally:
             self.anchors, self.mapping_only = ANCHORS, False
 
@@ -359,12 +189,12 @@ class Analyzer:
             return
         with open(path, "rb") as fp:
             head = fp.read(8192)
-            if _is_binary(head):
-                self.skipped.append(f"{path}: binary file, skipped")
+            if is_binary(head):
+                self.facts.skipped.append(f"{path}: binary file, skipped")
                 return
             fp.seek(0)
-            idx = len(self.files)
-            self.files.append(str(path))
+            idx = len(self.facts.files)
+            self.facts.files.append(str(path))
             file_rank = rank_from_path(path)
             self._local_offsets = self._learn_local_offsets(fp, head) if file_rank is None else {}
             fp.seek(0)
@@ -380,11 +210,11 @@ class Analyzer:
         if not got.is_dump:
             return False
         if got.record is None or rank is None:
-            self.skipped.append(f"{path}: {got.problem}, skipped")
+            self.facts.skipped.append(f"{path}: {got.problem}, skipped")
             return True
-        self.flight_records[rank] = got.record
-        self.rank(rank)
-        self.files.append(str(path))
+        self.facts.flight_records[rank] = got.record
+        self.facts.rank(rank)
+        self.facts.files.append(str(path))
         return True
 
     def _learn_local_offsets(self, fp: Any, head: bytes) -> dict[str | None, int]:
@@ -445,9 +275,9 @@ class Analyzer:
                 host = m.group(1).decode(errors="replace") if m.group(1) else None
                 local = m.group(2) == b"default"
                 offset = self._local_offsets.get(host, self._local_offsets.get(None, 0)) if local else 0
-                self.rank(int(m.group(3)) + offset).lines += 1
+                self.facts.rank(int(m.group(3)) + offset).lines += 1
         elif chunk:
-            self.rank(file_rank).lines += 1  # "printed something" is all that is used
+            self.facts.rank(file_rank).lines += 1  # "printed something" is all that is used
         summary_at = chunk.find(b"ChildFailedError") if not self.summary.active else 0
         if summary_at >= 0:
             self._feed_summary(chunk, summary_at)
@@ -472,16 +302,16 @@ class Analyzer:
     def _record_mappings(self, parsed: Any, text: str, rank: int | None) -> None:
         """What a line tells about which process is which rank (both passes use it)."""
         if parsed.pid is not None and (nm := _NCCL_RANK.search(text)):
-            self.pids.setdefault(parsed.pid, int(nm.group(1)))
+            self.facts.pids.setdefault(parsed.pid, int(nm.group(1)))
         if rank is not None:
             if parsed.pid is not None:
-                self.pids.setdefault(parsed.pid, rank)
+                self.facts.pids.setdefault(parsed.pid, rank)
             for pm in _PID.finditer(text):
-                self.pids.setdefault(int(pm.group(1)), rank)
+                self.facts.pids.setdefault(int(pm.group(1)), rank)
         if "global_rank_mapping" in text:
-            self.ds_mapping.update(parse_deepspeed_mapping(text) or {})
+            self.facts.ds_mapping.update(parse_deepspeed_mapping(text) or {})
         if "closing signal" in text and (cm := _CLOSING.search(text)):
-            self.sigtermed.add(int(cm.group(1)))
+            self.facts.sigtermed.add(int(cm.group(1)))
 
     def _feed_summary(self, chunk: bytes, start: int) -> None:
         """torchrun's failure summary: every line of it, from ChildFailedError on (it is short)."""
@@ -496,23 +326,23 @@ class Analyzer:
         text = parsed.text.strip()
         failed = parse_failed_line(text)
         if failed:
-            self.failed_lines.append(failed)
+            self.facts.failed_lines.append(failed)
         ds_exit = parse_deepspeed_exit(text) if "exits with return code" in text else None
         if ds_exit is not None:
-            self.ds_exits.append((parsed.host, ds_exit[0], ds_exit[1]))
+            self.facts.ds_exits.append((parsed.host, ds_exit[0], ds_exit[1]))
         rank = self._line_rank(parsed, text, file_rank)
         self._record_mappings(parsed, text, rank)
         self._order += 1
-        exc = _EXC_LINE.match(text)
+        exc = EXC_LINE.match(text)
         hits = []
         for sig, m in self.taxonomy.match_line(text):
             groups = m.groupdict()
             if groups.get("rank") or groups.get("pid"):  # ABOUT another process: a kernel OOM line, srun's task N
                 hit = Hit(sig, text, idx, offset, self._order)
                 if groups.get("rank"):
-                    self.rank(int(groups["rank"])).hits.append(hit)
+                    self.facts.rank(int(groups["rank"])).hits.append(hit)
                 else:
-                    self.pid_hits.append((int(groups["pid"]), hit))
+                    self.facts.pid_hits.append((int(groups["pid"]), hit))
             else:
                 hits.append((sig, m))
         if rank is None:
@@ -520,11 +350,11 @@ class Analyzer:
                 if sig.id != "python-exception":
                     hit = Hit(sig, text, idx, offset, self._order)
                     if parsed.pid is not None:
-                        self.pid_hits.append((parsed.pid, hit))
+                        self.facts.pid_hits.append((parsed.pid, hit))
                     else:
-                        self.unranked.append(hit)
+                        self.facts.unranked.append(hit)
             return
-        log = self.rank(rank)
+        log = self.facts.rank(rank)
         if parsed.host and log.node is None:
             log.node = parsed.host
         if parsed.time is not None and log.time is None and (hits or exc):
@@ -539,7 +369,7 @@ class Analyzer:
             log.exception_hit = Hit(self.taxonomy.get("python-exception"), text, idx, offset, self._order)
 
     def _tail(self, path: Path, rank: int) -> None:
-        log = self.rank(rank)
+        log = self.facts.rank(rank)
         for line in read_tail(path, TAIL_LINES, newline_only=True):  # the live capture's reader
             log.last_lines.append(parse_line(line).text[:2000])
 
@@ -548,14 +378,14 @@ class Analyzer:
         try:
             data = json.loads(path.read_text(errors="replace"))
         except (OSError, ValueError):
-            self.skipped.append(f"{path}: not valid JSON, skipped")
+            self.facts.skipped.append(f"{path}: not valid JSON, skipped")
             return
         if not isinstance(data, dict) or data.get("schema") != REPORT_SCHEMA or path.parent.name.startswith("attempt_"):
             return
         for entry in data.get("ranks") or []:
             if not isinstance(entry, dict) or not isinstance(entry.get("rank"), int):
                 continue
-            log = self.rank(entry["rank"])
+            log = self.facts.rank(entry["rank"])
             code = entry.get("exit_code")
             log.exit_code = code if isinstance(code, int) else log.exit_code
             log.node = entry.get("node") or log.node
@@ -569,11 +399,11 @@ class Analyzer:
         rank = rank_from_path(path.parent / STDERR_FILE)
         data = read_json(path)
         if data is None:
-            self.skipped.append(f"{path}: not valid JSON, skipped")
+            self.facts.skipped.append(f"{path}: not valid JSON, skipped")
             return
         if rank is None:
             return
-        log = self.rank(rank)
+        log = self.facts.rank(rank)
         record = exception_from_file_data(data)  # the same reader as the live capture's
         # ours (exception.json, with "type") is the precise record; torchelastic's only fills a gap
         fills_gap = record is not None and (log.exception is None or log.exception.time is None)
@@ -582,147 +412,8 @@ class Analyzer:
 
     # --- attribution -----------------------------------------------------------------------------
 
-    def finish(self) -> Analysis:
-        failures = self.summary.finish()
-        root = next((f.rank for f in failures if f.root), None)
-        for f in failures:
-            if f.pid is not None and f.rank is not None:
-                self.pids.setdefault(f.pid, f.rank)
-        for pid, hit in self.pid_hits:
-            if pid in self.pids:
-                self.rank(self.pids[pid]).hits.append(hit)
-            else:
-                self.unranked.append(hit)
-        self._apply_summary(failures)
-        evidence = self._evidence()
-        if not self.ranks and self.unranked:
-            diagnosis = _unranked_diagnosis(self.unranked)
-        elif not any(r.failed for r in evidence.ranks) and not self.unranked and not self.flight_records:
-            diagnosis = Diagnosis(
-                failure_class="healthy",
-                summary="No rank reported an error in these logs.",
-                roles={r: "healthy" for r in self.ranks},
-            )
-        else:
-            diagnosis = classify_attempt(evidence, self.taxonomy, extra_votes=self._schedule_votes())
-        decisive = self._decisive(diagnosis)
-        context = self._context(decisive) if decisive else []
-        return Analysis(diagnosis=diagnosis, ranks=self.ranks, files=self.files, skipped=self.skipped,
-                        context=context, torchrun_root=root, decisive=decisive)  # fmt: skip
-
-    def _apply_summary(self, failures: list[SummaryFailure]) -> None:
-        for f in failures:
-            if f.rank is None:
-                continue
-            log = self.rank(f.rank)
-            log.exit_code = f.exit_code
-            log.pid = f.pid
-            if f.host and log.node is None:
-                log.node = f.host
-            if log.time is None:
-                log.time = f.time
-            if f.traceback and log.exception is None:
-                for line in reversed(f.traceback):
-                    m = _EXC_LINE.match(line.strip())
-                    if m:
-                        log.exception = ExceptionRecord(type=m["type"], message=m["msg"] or "",
-                                                        traceback="\n".join(f.traceback), time=f.time)  # fmt: skip
-                        break
-        for host, local, code in self.ds_exits:
-            ranks = self.ds_mapping.get(host or "", [])
-            if local < len(ranks):
-                log = self.rank(ranks[local])
-                log.node = log.node or host
-                if log.exit_code is None or code not in (0, 1):
-                    log.exit_code = code
-        sigtermed_unknown = self.sigtermed - set(self.pids)
-        if failures and not sigtermed_unknown:
-            listed = {f.rank for f in failures}
-            for log in self.ranks.values():
-                if log.rank not in listed and log.exit_code is None and not log.hits and log.exception is None:
-                    log.exit_code = 0  # torchrun lists every rank it did not see exit 0
-        if not failures:
-            # no summary: torch's "failed (exitcode: N) local_rank: R (pid: P)" lines (local rank = rank
-            # for a single node), the first failure torch saw on that node
-            for code, local, pid in self.failed_lines:
-                log = self.rank(local)
-                if log.exit_code is None:
-                    log.exit_code, log.pid = code, pid
-        self_failed = any(f.exit_code not in (-15, -9, None) for f in failures)
-        for f in failures:
-            if f.rank is not None and f.exit_code in (-15,) and self_failed:
-                self.rank(f.rank).stopped = True
-
-    def _evidence(self) -> AttemptEvidence:
-        ranks = []
-        for r in sorted(self.ranks.values(), key=lambda r: r.rank):
-            lines = [h.text for h in _distinct(r.hits)]
-            has_error = bool(r.hits) or r.exception is not None
-            own = r.exception is not None or any(h.signature.role_hint != "collateral" for h in r.hits)
-            stopped = r.stopped and not own  # SIGTERMed after its own failure: it was dying, not stopped
-            exit_code = r.exit_code
-            if exit_code is None and has_error:
-                sig_hit = next((h for h in r.hits if h.signature.signals), None)
-                exit_code = _exit_for(sig_hit.signature) if sig_hit else 1
-            ranks.append(
-                RankEvidence(
-                    rank=r.rank,
-                    local_rank=r.rank,
-                    node=r.node or "",
-                    pid=r.pid,
-                    exit_code=exit_code,
-                    exit_time=r.time if r.time is not None else _first_order(r),
-                    alive_at_decision=stopped,
-                    stopped_by_agent=stopped,
-                    exception=r.exception,
-                    stderr_tail=tuple(lines),
-                    stack=parse_stack_dump(r.stack) if r.stack else None,
-                    flight_record=self.flight_records.get(r.rank),
-                )
-            )
-        return AttemptEvidence(attempt=0, ranks=tuple(ranks))
-
-    def _schedule_votes(self) -> list[tuple[int, Signature, str]]:
-        """Ranks whose timed-out collective differs from everyone else's at the same SeqNum."""
-        seen: dict[int, tuple[int, str]] = {}
-        for r in self.ranks.values():
-            for h in r.hits:
-                m = _WATCHDOG.search(h.text)
-                if m:
-                    seen.setdefault(r.rank, (int(m["seq"]), m["op"]))
-                    break
-        if len(seen) < 3:
-            return []
-        by_seq: dict[int, dict[str, list[int]]] = {}
-        for rank, (seq, op) in seen.items():
-            by_seq.setdefault(seq, {}).setdefault(op, []).append(rank)
-        votes = []
-        sig = self.taxonomy.get("nccl-desync-report")
-        for seq, ops in by_seq.items():
-            if len(ops) < 2:
-                continue
-            majority = max(ops, key=lambda o: len(ops[o]))
-            for op, ranks in ops.items():
-                if op != majority and len(ranks) < len(ops[majority]):
-                    for rank in ranks:
-                        line = (f"rank {rank} timed out in {op} #{seq} while ranks {sorted(ops[majority])} timed out "
-                                f"in {majority} #{seq}: the collective schedules diverged")  # fmt: skip
-                        votes.append((rank, sig, line))
-        return votes
-
-    def _decisive(self, diagnosis: Diagnosis) -> Hit | None:
-        r = diagnosis.initiating_rank
-        if r is None or r not in self.ranks:
-            return None
-        log = self.ranks[r]
-        wanted = diagnosis.signature_id
-        for h in log.hits:
-            if h.signature.id == wanted:
-                return h
-        return log.exception_hit or (log.hits[0] if log.hits else None)
-
     def _context(self, hit: Hit) -> list[str]:
-        path = self.files[hit.source]
+        path = self.facts.files[hit.source]
         try:
             with open(path, "rb") as fp:
                 start = max(0, hit.offset - 256 * 1024)
@@ -736,31 +427,6 @@ class Analyzer:
         line_end = data.find(b"\n", hit.offset - start)
         decisive = data[hit.offset - start : line_end if line_end >= 0 else len(data)].decode("utf-8", "replace")
         return [line[:2000] for line in before[-CONTEXT_LINES:]] + [decisive[:2000]]
-
-
-def _exit_for(sig: Signature) -> int:
-    import signal
-
-    return -int(getattr(signal, sig.signals[0], signal.SIGTERM))
-
-
-def _first_order(r: RankLog) -> float | None:
-    hits = ([r.exception_hit] if r.exception_hit else []) + r.hits
-    return float(min(h.order for h in hits)) if hits else None
-
-
-def _unranked_diagnosis(hits: list[Hit]) -> Diagnosis:
-    best = max(hits, key=lambda h: h.signature.priority)
-    sig = best.signature
-    return Diagnosis(
-        failure_class=sig.failure_class,
-        signature_id=sig.id,
-        summary=f"{sig.title}; no line names a rank, so the initiating rank cannot be told ({best.text[:200]}).",
-        evidence=(best.text,),
-        fix=sig.fix,
-        verify=sig.verify,
-        retryable=sig.retryable,
-    )
 
 
 def analyze_paths(

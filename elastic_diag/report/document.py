@@ -1,6 +1,6 @@
-"""report.json (schema ``elastic_diag.report/1``, DESIGN.md section 5) and the terminal summary.
+"""report.json (schema ``elastic_diag.report/1``: docs/report.md, ``schemas/report.schema.json``).
 
-Pure functions from evidence and verdicts to JSON-ready dicts and text; writing is atomic
+Pure functions from evidence and verdicts to JSON-ready dicts; writing is atomic
 (a temporary file, then ``os.replace``), so a reader never sees half a report.
 """
 
@@ -13,15 +13,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from elastic_diag.core.classify import Diagnosis, format_ranks
+from elastic_diag.core.classify import Diagnosis
 from elastic_diag.core.evidence import AttemptEvidence, RankEvidence
 from elastic_diag.core.verdict import AttemptStatus
-from elastic_diag.layout import HTML_FILE, REPORT_SCHEMA
-from elastic_diag.report.rank_story import group_rows, rank_rows, short_location
-from elastic_diag.report.terminal import ROLE_STYLE, Paint, is_tty, table, wants_colour
+from elastic_diag.layout import REPORT_SCHEMA
 
 SCHEMA = REPORT_SCHEMA
-TABLE_PER_RANK = 8  # the terminal's table: a row a rank up to this many, then a row a story
 LAST_LINES = 20
 STACK_CHARS = 20_000
 
@@ -140,80 +137,3 @@ def write_text_atomic(path: Path, text: str) -> None:
 
 def write_json_atomic(path: Path, data: dict[str, Any]) -> None:
     write_text_atomic(path, json.dumps(data, indent=2, default=str) + "\n")
-
-
-def format_summary(report: dict[str, Any], report_path: str, *, paint: Paint | None = None,
-                   compact_table: bool = False) -> str:  # fmt: skip
-    """The few lines a person reads first, at the end of the run. On a terminal (``compact_table``,
-    ``paint`` with colour) the ranks come as a table of stories instead of one line of roles."""
-    paint = paint or Paint(False)
-    d = report["diagnosis"]
-    n = len(report["attempts"])
-    lines = []
-    if report["status"] == "succeeded":
-        extra = f" after {n - 1} failed attempt(s)" if n > 1 else ""
-        lines.append(paint(f"elastic_diag: job succeeded{extra}.", "bold", "green"))
-        for a in report["attempts"][:-1]:
-            ad = a["diagnosis"]
-            lines.append(
-                f"  attempt {a['attempt']}: {ad['failure_class']}, rank {ad['initiating_rank']}: {ad['summary']}"
-            )
-    else:
-        who = "no rank could be named"
-        if d["initiating_rank"] is not None:
-            who = f"initiating rank {d['initiating_rank']} on {d['initiating_node']}"
-        elif d.get("all_ranks"):
-            who = "every rank failed the same way"
-        exc = f" ({d['exception_type']})" if d.get("exception_type") else ""
-        lines.append(
-            paint("elastic_diag: job FAILED: ", "bold", "red") + paint(f"{who}: {d['failure_class']}{exc}", "bold")
-        )
-        lines.append(f"  {d['summary']}")
-        if d["evidence"]:
-            lines.append("  decisive lines:")
-            lines.extend(f"    {e}" for e in d["evidence"])
-        if compact_table and report["ranks"]:
-            groups = group_rows(rank_rows(report["ranks"]), per_rank=TABLE_PER_RANK)
-            rows = [[g.label, g.first.role, g.first.how, short_location(g.first.location) or g.first.exception]
-                    for g in groups]  # fmt: skip
-            styles = [ROLE_STYLE.get(g.first.role, ()) for g in groups]
-            lines.extend("  " + t for t in table(["ranks", "role", "ended", "where / error"], rows, paint, styles))
-        else:
-            roles: dict[str, list[int]] = {}
-            for r in report["ranks"]:
-                roles.setdefault(r["role"], []).append(r["rank"])
-            if roles:
-                lines.append("  roles: " + "; ".join(f"{k} {format_ranks(v)}" for k, v in sorted(roles.items())))
-        if d.get("fix"):
-            lines.append(paint("  fix: ", "bold") + " ".join(str(d["fix"]).split()))
-        if d.get("verify"):
-            lines.append(paint("  verify: ", "bold") + str(d["verify"]))
-        if d.get("rule"):
-            lines.append(f"  decided by: {d['rule']} (the order of the rules: docs/attribution.md)")
-        if n > 1:
-            lines.append(f"  attempts: {n} (each has its own verdict in the report)")
-            if report["attempts"][-1].get("came_up") is False:
-                lines.append(f"  attempt {n - 1} never came up (no collective completed on any rank): the RESTART "
-                             "failed, not the job; attempt 0 has the job's own failure")  # fmt: skip
-        gate = report["attempts"][-1].get("gate") if report["attempts"] else None
-        if gate and gate.get("decision") != "restart":
-            lines.append(f"  restart gate: no restart: {gate.get('reason')}")
-            for c in gate.get("controls", []):
-                lines.append(f"    control {c['name']}: {'passed' if c['passed'] else 'FAILED'}: {c['summary']}"
-                             + (f" (output: {c['output_file']})" if c.get("output_file") else ""))  # fmt: skip
-    for w in report.get("warnings", []):
-        lines.append(paint(f"  warning ({w.get('class')}): {w.get('summary')}", "yellow"))
-    for err in report.get("internal_errors", []):
-        lines.append(f"  elastic_diag internal error (the job was not affected): {err}")
-    page = os.path.join(os.path.dirname(report_path), HTML_FILE)
-    lines.append(f"  evidence: {report['diag_dir']}  (report: {report_path}; page: {page})")
-    return "\n".join(lines)
-
-
-def print_summary(report: dict[str, Any], report_path: str, stream: Any = None) -> None:
-    """The summary on ``stream`` (stderr), with colour and a table when it is a terminal."""
-    import sys
-
-    stream = stream if stream is not None else sys.stderr
-    text = format_summary(report, report_path, paint=Paint(wants_colour(stream)), compact_table=is_tty(stream))
-    print(text, file=stream)

@@ -1,6 +1,6 @@
 """Worker-side bootstrap: evidence a rank records about itself, with no change to the user's script.
 
-The launcher puts ``elastic_diag/_boot`` first on each worker's ``PYTHONPATH``; its
+The launcher puts ``elastic_diag/worker/_boot`` first on each worker's ``PYTHONPATH``; its
 ``sitecustomize`` calls :func:`install` when ``ELASTIC_DIAG_RANK_DIR`` is set, then chains to any
 ``sitecustomize`` the environment already had. :func:`install`:
 

@@ -1,6 +1,6 @@
 """The taxonomy of failure signatures: frozen records loaded from the TOML files beside this module.
 
-A :class:`Signature` is knowledge, not code (DESIGN.md section 6): the lines that mark a failure
+A :class:`Signature` is knowledge, not code (the signature entry of docs/report.md): the lines that mark a failure
 (``patterns``, with ``near_misses`` that must not match), or the exception types and signals that
 do, what it means, how to confirm it, the fix, a command that verifies the fix, and its look-alikes.
 ``docs/signatures/`` is generated from the same records.

@@ -1,0 +1,314 @@
+"""How a rule's decision becomes a :class:`~elastic_diag.core.verdict.Diagnosis`: every rank's role,
+the summary a person reads first (the rank, what it did, where, and what its peers did then), the
+decisive lines, the signature's fix and verify command; and the verdicts that name no rank, with why.
+Pure: no torch, no I/O, no clock.
+"""
+
+from __future__ import annotations
+
+import re
+
+from elastic_diag.core.context import Context
+from elastic_diag.core.evidence import AttemptEvidence, RankEvidence
+from elastic_diag.core.findings import RankFinding
+from elastic_diag.core.flight_recorder import Finding
+from elastic_diag.core.taxonomy import Signature
+from elastic_diag.core.verdict import MAX_EVIDENCE_LINES, Diagnosis, Role, format_ranks, ranks_phrase, were
+
+
+def on_node(ev: RankEvidence) -> str:
+    return f" on {ev.node}" if ev.node else ""
+
+
+def roles_of(ctx: Context, initiating: int | None) -> dict[int, Role]:
+    roles: dict[int, Role] = {}
+    hang = ctx.evidence.hang
+    for r, f in ctx.findings.items():
+        if initiating is not None and r == initiating:
+            roles[r] = "initiating"
+        elif f.state == "succeeded":
+            roles[r] = "healthy"
+        elif f.state == "failed" and f.hint == "collateral" and not f.own:
+            roles[r] = "collateral"
+        elif f.state in ("alive", "stopped"):
+            # after a hang alarm, a rank stopped while it waited inside a collective waited for the culprit
+            roles[r] = "collateral" if hang is not None and f.in_collective else "stopped"
+        else:
+            roles[r] = "unknown"
+    return roles
+
+
+def roles_around(initiating: int, findings: dict[int, RankFinding]) -> dict[int, Role]:
+    roles: dict[int, Role] = {}
+    for r, f in findings.items():
+        if r == initiating:
+            roles[r] = "initiating"
+        elif f.state == "succeeded":
+            roles[r] = "healthy"
+        elif f.state == "failed" or f.in_collective:
+            roles[r] = "collateral"
+        else:
+            roles[r] = "stopped"
+    return roles
+
+
+def unattributed(
+    sig: Signature | None,
+    failure_class: str,
+    summary: str,
+    evidence: tuple[str, ...],
+    roles: dict[int, Role],
+    collateral_ranks: tuple[int, ...] = (),
+) -> Diagnosis:
+    """A verdict that names no initiating rank, with the signature's fix and verification."""
+    return Diagnosis(
+        failure_class=failure_class,
+        signature_id=sig.id if sig else None,
+        summary=summary,
+        evidence=evidence[:MAX_EVIDENCE_LINES],
+        fix=sig.fix if sig else None,
+        verify=sig.verify if sig else None,
+        collateral_ranks=collateral_ranks,
+        roles=roles,
+        retryable=sig.retryable if sig else None,
+    )
+
+
+def named_verdict(
+    sig: Signature,
+    cls: str,
+    ev: RankEvidence,
+    summary: str,
+    lines: list[str],
+    roles: dict[int, Role],
+    *,
+    exception_type: str | None = None,
+    collective: dict[str, object] | None = None,
+) -> Diagnosis:
+    """A verdict naming ``ev``'s rank, with the signature's fix and verification."""
+    return Diagnosis(
+        failure_class=cls,
+        initiating_rank=ev.rank,
+        initiating_node=ev.node or None,
+        exception_type=exception_type,
+        signature_id=sig.id,
+        summary=summary,
+        evidence=tuple(lines[:MAX_EVIDENCE_LINES]),
+        fix=sig.fix,
+        verify=sig.verify,
+        collateral_ranks=tuple(sorted(r for r, role in roles.items() if role == "collateral")),
+        roles=roles,
+        retryable=sig.retryable,
+        collective=collective,
+    )
+
+
+def _hang_line(hang: dict[str, object]) -> str:
+    return (
+        f"elastic_diag health monitor: no rank made progress for {hang.get('stalled_s')} s "
+        f"(threshold {hang.get('threshold_s')} s, {hang.get('reason', 'hang timeout')})"
+    )
+
+
+_DDP_UNUSED = re.compile(
+    r"(?:Parameters|Parameter indices) which did not receive grad for rank (?P<rank>\d+): (?P<p>.+)"
+)
+
+
+def rank_verdict(
+    ctx: Context, initiating: RankFinding, reason: str, naming: tuple[Signature, str] | None = None
+) -> Diagnosis:
+    """The verdict naming ``initiating``: its class, the lines that show it, and a summary of the
+    roles of the others."""
+    evidence = ctx.evidence
+    tax = ctx.taxonomy
+    ev = ctx.ev(initiating.rank)
+    roles = roles_of(ctx, initiating.rank)
+    collateral_ranks = sorted(r for r, role in roles.items() if role == "collateral")
+    symptoms = list(ctx.symptoms)
+    other_own = [f.rank for f in ctx.own if f.rank != initiating.rank]
+    exc = initiating.exception
+    sig: Signature | None
+    if naming is not None:
+        sig = naming[0]
+        cls = sig.failure_class
+        lines = [naming[1]]
+    elif initiating.state == "succeeded":
+        sig = tax.get("nccl-desync-report")
+        cls = "collective_desync"
+        lines = [f"rank {ev.rank} exited with status 0 while its peers waited for it in a collective"]
+    elif initiating.own:
+        sig = initiating.signature
+        cls = initiating.failure_class
+        lines = list(initiating.lines)
+    elif symptoms and all(f.failure_class == "rendezvous_timeout" for f in symptoms):
+        # its peers timed out waiting for it to join the process group: it never arrived
+        sig = symptoms[0].signature
+        cls = "rendezvous_timeout"
+        frame = ev.stack.user_frame() if ev.stack else None
+        lines = [f"rank {ev.rank} never joined the process group" + (f"; it was at {frame}" if frame else "")]
+    else:
+        sig = tax.get("hang-outside-collective")
+        cls = sig.failure_class
+        frame = ev.stack.user_frame() if ev.stack else None
+        lines = [
+            f"rank {ev.rank} alive, main thread at {frame}"
+            if frame
+            else f"rank {ev.rank} reported no error of its own while its peers timed out (no stack was taken)"
+        ]
+    for f in symptoms[:2]:
+        lines.extend(f"rank {f.rank}: {line}" for line in f.lines[:1])
+
+    last = exc.last_line.splitlines()[0] if exc is not None and exc.last_line else None
+    what = {
+        "python_exception": f"raised {last}" if last else "raised an exception",
+        "host_oom": "ran out of host memory" + (f" ({exc.type})" if exc else ""),
+        "segfault": f"died by {ev.signal or 'a fatal signal'} in native code",
+        "abort": f"aborted ({ev.signal or 'SIGABRT'})",
+        "killed": f"was killed by {ev.signal or 'a signal'} from outside the job",
+        "silent_exit": f"exited with status {ev.exit_code} without a traceback",
+        "hang": "was stuck outside any collective",
+        "rendezvous_timeout": "never joined the process group its peers waited for",
+    }.get(cls, f"failed ({sig.title if sig else cls})")
+    if cls == "killed" and exc is not None and exc.type.endswith("KeyboardInterrupt"):
+        what = "was interrupted (SIGINT, KeyboardInterrupt) from outside the job"
+    if naming is not None:
+        what = f"is named by its peers: {sig.title if sig else cls}"
+    elif cls == "hang" and ev.stack is None:
+        what = "never reached the collective its peers waited in (it reported no error of its own)"
+    elif cls == "collective_desync" and sig is not None and sig.id == "ddp-unfinished-reduction":
+        what = "skipped parameters in its forward (DDP's reduction of the previous step never finished)"
+        m = _DDP_UNUSED.search(exc.message if exc else " ".join(initiating.lines))
+        if m:
+            what += f": {m['p'].strip()[:200]}"
+    loc = exc.location() if exc is not None and initiating.own else None
+    if exc is not None and initiating.own and (user := exc.user_location()):
+        loc = user
+    if cls in ("hang", "rendezvous_timeout") and ev.stack is not None and ev.stack.user_frame() is not None:
+        loc = str(ev.stack.user_frame())
+    summary = f"Rank {ev.rank}{on_node(ev)} {what}" + (f" at {loc}" if loc else "")
+    if exc is not None and exc.thread and initiating.own:
+        summary += f" in thread {exc.thread!r}"
+    summary += ", while its peers waited." if cls == "hang" and ev.stack is not None else "."
+    if initiating.own and initiating.printed and initiating.time is not None:
+        lead = _lead(ctx, initiating)
+        if initiating.state in ("alive", "stopped"):
+            summary += (f" It printed the error{f' {lead}' if lead else ''} and was still alive (cleaning up, or "
+                        "stuck after it) when the launcher stopped it.")  # fmt: skip
+        elif lead:
+            summary += f" It printed the error {lead}, then exited only later."
+    if collateral_ranks and evidence.hang is not None and not initiating.own:
+        summary += (
+            f" {ranks_phrase(collateral_ranks)} waited for it inside a collective and {were(collateral_ranks)} stopped."
+        )
+    elif collateral_ranks:
+        summary += f" {ranks_phrase(collateral_ranks)} then failed waiting for it."
+    stopped = sorted(r for r, role in roles.items() if role == "stopped")
+    if stopped:
+        summary += f" {ranks_phrase(stopped)} {were(stopped)} stopped by the launcher."
+    if other_own:
+        their = "its" if len(other_own) == 1 else "their"
+        summary += f" {ranks_phrase(other_own)} also failed on {their} own, later."
+    if reason and cls != "hang" and reason != "failed first on its own":
+        summary += f" (Rank {ev.rank} {reason}.)"
+
+    schedule = ctx.schedule
+    if schedule is not None and schedule.kind == "missing" and ev.rank in schedule.ranks:
+        lines.append(schedule.summary)
+    if evidence.hang is not None and not initiating.own:
+        lines.append(_hang_line(evidence.hang))
+    return Diagnosis(
+        failure_class=cls,
+        initiating_rank=ev.rank,
+        initiating_node=ev.node or None,
+        exception_type=exc.type if exc is not None and initiating.own and naming is None else None,
+        signature_id=sig.id if sig else None,
+        summary=summary,
+        evidence=tuple(lines[:MAX_EVIDENCE_LINES]),
+        fix=sig.fix if sig else None,
+        verify=sig.verify if sig else None,
+        collateral_ranks=tuple(collateral_ranks),
+        roles=roles,
+        retryable=sig.retryable if sig else None,
+        collective=finding_json(schedule, evidence) if schedule is not None and ev.rank in schedule.ranks else None,
+    )
+
+
+def _lead(ctx: Context, initiating: RankFinding) -> str:
+    """``14.2 s before its peers failed``: how far ahead of the others its printed error was."""
+    others = [f.time for f in ctx.findings.values() if f.rank != initiating.rank and f.state == "failed" and f.time]
+    if not others or initiating.time is None:
+        return ""
+    ahead = min(others) - initiating.time
+    return f"{ahead:.1f} s before the first of its peers failed" if ahead > 0.05 else ""
+
+
+def finding_json(finding: Finding, evidence: AttemptEvidence) -> dict[str, object]:
+    where = {ev.rank: ev.location() for ev in evidence.ranks}
+    return {
+        "kind": finding.kind,
+        "process_group": finding.group,
+        "seq": finding.seq,
+        "ranks": list(finding.ranks),
+        "sides": {str(r): v for r, v in finding.sides.items()},
+        "source": {str(r): loc for r, loc in sorted(where.items()) if loc},
+    }
+
+
+def _locations_lines(evidence: AttemptEvidence, focus: int) -> list[str]:
+    """``rank 2 at file:line``, then the other ranks grouped by where they were."""
+    groups: dict[str, list[int]] = {}
+    for ev in evidence.ranks:
+        if ev.rank != focus and (loc := ev.location()):
+            groups.setdefault(loc, []).append(ev.rank)
+    own = next((ev.location() for ev in evidence.ranks if ev.rank == focus), None)
+    lines = [f"rank {focus} was at {own}"] if own else []
+    lines.extend(f"ranks {format_ranks(rs)} were at {loc}" for loc, rs in sorted(groups.items(), key=lambda kv: kv[1]))
+    return lines
+
+
+def schedule_verdict(ctx: Context, finding: Finding | None, rank: int) -> Diagnosis:
+    """The ranks' collective schedules part: from the flight recorders (``finding``), or from where
+    each rank's code was (``finding`` None)."""
+    evidence, findings, tax = ctx.evidence, ctx.findings, ctx.taxonomy
+    ev = ctx.ev(rank)
+    mismatch = finding is not None and finding.kind == "mismatch"
+    sig = tax.get("collective-mismatch") if mismatch else tax.get("collective-schedule-diverged")
+    cls = "collective_mismatch" if mismatch else "collective_desync"
+    roles = roles_around(rank, findings)
+    loc = ev.location()
+    if finding is not None:
+        others = sorted(r for r in finding.sides if r != rank)
+        theirs = next((finding.sides[r] for r in others), "?")
+        what = "the same collective with other sizes, dtypes or op" if mismatch else "a different collective"
+        summary = (
+            f"Rank {rank}{on_node(ev)} issued {what} than its peers at collective #{finding.seq} of process group "
+            f"{finding.group}: {finding.sides[rank]} against {theirs} on ranks {format_ranks(others)}"
+        )
+        lines = [
+            f"elastic_diag: collective schedules part at process group {finding.group}, collective #{finding.seq}: "
+            "the ranks did not join the same collective",
+            *(f"rank {r}: #{finding.seq} {side}" for r, side in sorted(finding.sides.items())),
+        ]
+    else:
+        summary = (
+            f"Rank {rank}{on_node(ev)} was at another place in the code than all its peers when their collectives "
+            "failed: its collective schedule parted from theirs"
+        )
+        if ev.flight_record is None:
+            died = f", it died by {ev.signal}" if ev.signal else ""
+            summary += f" (rank {rank} left no flight-recorder record{died})"
+        lines = ["elastic_diag: collective schedules part: the ranks did not join the same collective"]
+    summary += f"; rank {rank} was at {loc}." if loc else "."
+    collateral = sorted(r for r, role in roles.items() if role == "collateral")
+    if collateral:
+        summary += f" {ranks_phrase(collateral)} then failed in the collectives that no longer matched."
+    lines.extend(_locations_lines(evidence, rank))
+    for f in findings.values():
+        if f.rank != rank and f.state == "failed" and f.lines:
+            lines.append(f"rank {f.rank}: {f.lines[0]}")
+            break
+    if evidence.hang is not None:
+        lines.append(_hang_line(evidence.hang))
+    collective = finding_json(finding, evidence) if finding is not None else None
+    return named_verdict(sig, cls, ev, summary, lines, roles, collective=collective)
