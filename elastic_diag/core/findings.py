@@ -23,20 +23,25 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Literal
 
 from elastic_diag.core.evidence import ExceptionRecord, RankEvidence
-from elastic_diag.core.taxonomy import Signature, Taxonomy
+from elastic_diag.core.taxonomy import RoleHint, Signature, Taxonomy
 
 _DIGITS = re.compile(r"0x[0-9a-fA-F]+|\d+")
+
+
+# where a rank stood at the verdict
+RankState = Literal["failed", "alive", "stopped", "succeeded"]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class RankFinding:
     rank: int
-    state: str  # "failed" | "alive" | "stopped" | "succeeded"
+    state: RankState
     signature: Signature | None = None
     failure_class: str = "unknown"
-    hint: str = "either"  # initiating | collateral | either
+    hint: RoleHint = "either"
     lines: tuple[str, ...] = ()
     time: float | None = None
     in_collective: bool | None = None
@@ -173,6 +178,29 @@ def examine_rank(ev: RankEvidence, taxonomy: Taxonomy, decided_at: float | None 
     A rank alive or stopped at the verdict that printed an error of its own before it (and made no
     progress after) failed on its own too, while it was still cleaning up or stuck after it.
     """
+    state = _state_of(ev, decided_at)
+    if state == "succeeded":
+        return RankFinding(rank=ev.rank, state="succeeded", failure_class="healthy", time=ev.exit_time)
+
+    def before_verdict(t: float | None) -> bool:
+        return state == "failed" or decided_at is None or (t is not None and t < decided_at)
+
+    candidates, named = _line_candidates(ev, taxonomy)
+    own = _own_evidence(ev, taxonomy, candidates, before_verdict, state == "failed")
+    if state == "failed":
+        candidates.extend(_exit_candidates(ev, taxonomy))
+    # The generic "SomethingError: msg" line is a fallback: it never outranks a specific signature,
+    # and without a traceback it only counts for a rank that failed.
+    if state != "failed":
+        candidates = [(s, line) for s, line in candidates if s.role_hint == "collateral"]
+    in_coll = ev.stack.in_collective() if ev.stack is not None else None
+    if own:
+        return _own_finding(ev, state, own, candidates, named, in_coll)
+    return _inferred_finding(ev, state, candidates, named, in_coll, taxonomy)
+
+
+def _state_of(ev: RankEvidence, decided_at: float | None) -> RankState:
+    """alive, stopped (by the launcher), succeeded or failed, at the verdict."""
     dying = (
         ev.exception is not None
         and ev.exception.time is not None
@@ -180,17 +208,16 @@ def examine_rank(ev: RankEvidence, taxonomy: Taxonomy, decided_at: float | None 
         and ev.exception.time < decided_at
     )
     if (ev.exit_code is None or ev.alive_at_decision) and not dying:
-        state = "alive"
-    elif ev.stopped_by_agent and not dying:
-        state = "stopped"
-    elif ev.exit_code == 0:
-        return RankFinding(rank=ev.rank, state="succeeded", failure_class="healthy", time=ev.exit_time)
-    else:
-        state = "failed"
+        return "alive"
+    if ev.stopped_by_agent and not dying:
+        return "stopped"
+    return "succeeded" if ev.exit_code == 0 else "failed"
 
-    def before_verdict(t: float | None) -> bool:
-        return state == "failed" or decided_at is None or (t is not None and t < decided_at)
 
+def _line_candidates(
+    ev: RankEvidence, taxonomy: Taxonomy
+) -> tuple[list[tuple[Signature, str]], list[tuple[int, Signature, str]]]:
+    """The signatures the rank's lines match, and the ranks those lines name (monitoredBarrier's, ...)."""
     candidates: list[tuple[Signature, str]] = []
     named: list[tuple[int, Signature, str]] = []
     for line in _rank_lines(ev):
@@ -201,50 +228,70 @@ def examine_rank(ev: RankEvidence, taxonomy: Taxonomy, decided_at: float | None 
                 peers = groups.get(key)
                 if peers:
                     named.extend((int(p), sig, line.strip()) for p in peers.replace(" ", "").split(",") if p.isdigit())
-    own = _own_evidence(ev, taxonomy, candidates, before_verdict, state == "failed")
-    if state == "failed":
-        if ev.exception is not None:
-            by_exception = taxonomy.for_exception(ev.exception.type, ev.exception.mro)
-            if by_exception is not None:
-                candidates.append((by_exception, ev.exception.last_line))
-        sig_name = ev.signal if not (ev.alive_at_decision or ev.stopped_by_agent) else None  # not the launcher's
-        by_signal = taxonomy.for_signal(sig_name) if sig_name else None
-        if by_signal is not None:
-            candidates.append((by_signal, f"exit status {ev.exit_code} ({sig_name})"))
-    # The generic "SomethingError: msg" line is a fallback: it never outranks a specific signature,
-    # and without a traceback it only counts for a rank that failed.
-    if state != "failed":
-        candidates = [(s, line) for s, line in candidates if s.role_hint == "collateral"]
-    in_coll = ev.stack.in_collective() if ev.stack is not None else None
+    return candidates, named
 
-    if own:
-        # the most specific signature among the own evidence; the time its failure began
-        strongest = max(own, key=lambda o: o.signature.priority)
-        sig, line = strongest.signature, strongest.line
-        exc = strongest.exception or next((o.exception for o in own if o.exception is not None), None)
-        timed = [o for o in own if o.time is not None]
-        earliest = min(timed, key=lambda o: o.time or 0.0) if timed else None
-        own_times = [o.time for o in timed if o.time is not None]
-        if state == "failed" and ev.exit_time is not None:
-            own_times.append(ev.exit_time)
-        hook_time = ev.exception.time if ev.exception is not None and ev.exception.time is not None else float("inf")
-        printed_first = earliest is not None and earliest.printed and (earliest.time or 0.0) < hook_time
-        # a better signature for the same failure among its other lines (a CUDA error's text in its
-        # stderr, a kernel OOM line): never a symptom
-        specific = _best([c for c in candidates if c[0].role_hint != "collateral" and c[0].priority > sig.priority])
-        if specific is not None:
-            sig, line = specific
-        lines = [line]
-        loc = (exc.user_location() or exc.location()) if exc is not None else None  # the user's line first
-        if loc:
-            lines.append(f"at {loc}")
-        return RankFinding(
-            rank=ev.rank, state=state, signature=sig, failure_class=sig.failure_class,
-            hint="initiating" if sig.role_hint == "either" else sig.role_hint, lines=tuple(lines),
-            time=min(own_times) if own_times else ev.first_error_time, in_collective=in_coll,
-            named=tuple(named), own=True, exception=exc, printed=printed_first,
-        )  # fmt: skip
 
+def _exit_candidates(ev: RankEvidence, taxonomy: Taxonomy) -> list[tuple[Signature, str]]:
+    """A failed rank's exception type and its own fatal signal (not the launcher's), as signatures."""
+    out: list[tuple[Signature, str]] = []
+    if ev.exception is not None:
+        by_exception = taxonomy.for_exception(ev.exception.type, ev.exception.mro)
+        if by_exception is not None:
+            out.append((by_exception, ev.exception.last_line))
+    sig_name = ev.signal if not (ev.alive_at_decision or ev.stopped_by_agent) else None
+    by_signal = taxonomy.for_signal(sig_name) if sig_name else None
+    if by_signal is not None:
+        out.append((by_signal, f"exit status {ev.exit_code} ({sig_name})"))
+    return out
+
+
+def _own_finding(
+    ev: RankEvidence,
+    state: RankState,
+    own: list[_Own],
+    candidates: list[tuple[Signature, str]],
+    named: list[tuple[int, Signature, str]],
+    in_coll: bool | None,
+) -> RankFinding:
+    """The rank failed on its own: the most specific signature among its own evidence, and the time
+    its failure began."""
+    strongest = max(own, key=lambda o: o.signature.priority)
+    sig, line = strongest.signature, strongest.line
+    exc = strongest.exception or next((o.exception for o in own if o.exception is not None), None)
+    timed = [o for o in own if o.time is not None]
+    earliest = min(timed, key=lambda o: o.time or 0.0) if timed else None
+    own_times = [o.time for o in timed if o.time is not None]
+    if state == "failed" and ev.exit_time is not None:
+        own_times.append(ev.exit_time)
+    hook_time = ev.exception.time if ev.exception is not None and ev.exception.time is not None else float("inf")
+    printed_first = earliest is not None and earliest.printed and (earliest.time or 0.0) < hook_time
+    # a better signature for the same failure among its other lines (a CUDA error's text in its
+    # stderr, a kernel OOM line): never a symptom
+    specific = _best([c for c in candidates if c[0].role_hint != "collateral" and c[0].priority > sig.priority])
+    if specific is not None:
+        sig, line = specific
+    lines = [line]
+    loc = (exc.user_location() or exc.location()) if exc is not None else None  # the user's line first
+    if loc:
+        lines.append(f"at {loc}")
+    return RankFinding(
+        rank=ev.rank, state=state, signature=sig, failure_class=sig.failure_class,
+        hint="initiating" if sig.role_hint == "either" else sig.role_hint, lines=tuple(lines),
+        time=min(own_times) if own_times else ev.first_error_time, in_collective=in_coll,
+        named=tuple(named), own=True, exception=exc, printed=printed_first,
+    )  # fmt: skip
+
+
+def _inferred_finding(
+    ev: RankEvidence,
+    state: RankState,
+    candidates: list[tuple[Signature, str]],
+    named: list[tuple[int, Signature, str]],
+    in_coll: bool | None,
+    taxonomy: Taxonomy,
+) -> RankFinding:
+    """No evidence of the rank's own: its best line (a symptom, for a rank that did not fail), or a
+    silent exit, or nothing at all."""
     best = _best(candidates)
     if best is None:
         if state == "failed":
@@ -256,26 +303,18 @@ def examine_rank(ev: RankEvidence, taxonomy: Taxonomy, decided_at: float | None 
                 time=ev.first_error_time, in_collective=in_coll, own=True,
             )  # fmt: skip
         return RankFinding(rank=ev.rank, state=state, time=ev.first_error_time, in_collective=in_coll)
-
     sig, line = best
     lines = [line]
     if ev.exception is not None and sig.role_hint != "collateral":
         loc = ev.exception.location()
         if loc:
             lines.append(f"at {loc}")
+    own = state == "failed" and sig.role_hint != "collateral"
     return RankFinding(
-        rank=ev.rank,
-        state=state,
-        signature=sig,
-        failure_class=sig.failure_class,
-        hint=sig.role_hint,
-        lines=tuple(lines),
-        time=ev.first_error_time,
-        in_collective=in_coll,
-        named=tuple(named),
-        own=state == "failed" and sig.role_hint != "collateral",
-        exception=ev.exception if state == "failed" and sig.role_hint != "collateral" else None,
-    )
+        rank=ev.rank, state=state, signature=sig, failure_class=sig.failure_class, hint=sig.role_hint,
+        lines=tuple(lines), time=ev.first_error_time, in_collective=in_coll, named=tuple(named), own=own,
+        exception=ev.exception if own else None,
+    )  # fmt: skip
 
 
 # The classes of a rank's own failure that a restart normally cures (the service answers again, the

@@ -121,97 +121,14 @@ def rank_verdict(
     """The verdict naming ``initiating``: its class, the lines that show it, and a summary of the
     roles of the others."""
     evidence = ctx.evidence
-    tax = ctx.taxonomy
     ev = ctx.ev(initiating.rank)
     roles = roles_of(ctx, initiating.rank)
     collateral_ranks = sorted(r for r, role in roles.items() if role == "collateral")
-    symptoms = list(ctx.symptoms)
-    other_own = [f.rank for f in ctx.own if f.rank != initiating.rank]
     exc = initiating.exception
-    sig: Signature | None
-    if naming is not None:
-        sig = naming[0]
-        cls = sig.failure_class
-        lines = [naming[1]]
-    elif initiating.state == "succeeded":
-        sig = tax.get("nccl-desync-report")
-        cls = "collective_desync"
-        lines = [f"rank {ev.rank} exited with status 0 while its peers waited for it in a collective"]
-    elif initiating.own:
-        sig = initiating.signature
-        cls = initiating.failure_class
-        lines = list(initiating.lines)
-    elif symptoms and all(f.failure_class == "rendezvous_timeout" for f in symptoms):
-        # its peers timed out waiting for it to join the process group: it never arrived
-        sig = symptoms[0].signature
-        cls = "rendezvous_timeout"
-        frame = ev.stack.user_frame() if ev.stack else None
-        lines = [f"rank {ev.rank} never joined the process group" + (f"; it was at {frame}" if frame else "")]
-    else:
-        sig = tax.get("hang-outside-collective")
-        cls = sig.failure_class
-        frame = ev.stack.user_frame() if ev.stack else None
-        lines = [
-            f"rank {ev.rank} alive, main thread at {frame}"
-            if frame
-            else f"rank {ev.rank} reported no error of its own while its peers timed out (no stack was taken)"
-        ]
-    for f in symptoms[:2]:
+    sig, cls, lines = _class_and_lines(ctx, initiating, ev, naming)
+    for f in ctx.symptoms[:2]:
         lines.extend(f"rank {f.rank}: {line}" for line in f.lines[:1])
-
-    last = exc.last_line.splitlines()[0] if exc is not None and exc.last_line else None
-    what = {
-        "python_exception": f"raised {last}" if last else "raised an exception",
-        "host_oom": "ran out of host memory" + (f" ({exc.type})" if exc else ""),
-        "segfault": f"died by {ev.signal or 'a fatal signal'} in native code",
-        "abort": f"aborted ({ev.signal or 'SIGABRT'})",
-        "killed": f"was killed by {ev.signal or 'a signal'} from outside the job",
-        "silent_exit": f"exited with status {ev.exit_code} without a traceback",
-        "hang": "was stuck outside any collective",
-        "rendezvous_timeout": "never joined the process group its peers waited for",
-    }.get(cls, f"failed ({sig.title if sig else cls})")
-    if cls == "killed" and exc is not None and exc.type.endswith("KeyboardInterrupt"):
-        what = "was interrupted (SIGINT, KeyboardInterrupt) from outside the job"
-    if naming is not None:
-        what = f"is named by its peers: {sig.title if sig else cls}"
-    elif cls == "hang" and ev.stack is None:
-        what = "never reached the collective its peers waited in (it reported no error of its own)"
-    elif cls == "collective_desync" and sig is not None and sig.id == "ddp-unfinished-reduction":
-        what = "skipped parameters in its forward (DDP's reduction of the previous step never finished)"
-        m = _DDP_UNUSED.search(exc.message if exc else " ".join(initiating.lines))
-        if m:
-            what += f": {m['p'].strip()[:200]}"
-    loc = exc.location() if exc is not None and initiating.own else None
-    if exc is not None and initiating.own and (user := exc.user_location()):
-        loc = user
-    if cls in ("hang", "rendezvous_timeout") and ev.stack is not None and ev.stack.user_frame() is not None:
-        loc = str(ev.stack.user_frame())
-    summary = f"Rank {ev.rank}{on_node(ev)} {what}" + (f" at {loc}" if loc else "")
-    if exc is not None and exc.thread and initiating.own:
-        summary += f" in thread {exc.thread!r}"
-    summary += ", while its peers waited." if cls == "hang" and ev.stack is not None else "."
-    if initiating.own and initiating.printed and initiating.time is not None:
-        lead = _lead(ctx, initiating)
-        if initiating.state in ("alive", "stopped"):
-            summary += (f" It printed the error{f' {lead}' if lead else ''} and was still alive (cleaning up, or "
-                        "stuck after it) when the launcher stopped it.")  # fmt: skip
-        elif lead:
-            summary += f" It printed the error {lead}, then exited only later."
-    if collateral_ranks and evidence.hang is not None and not initiating.own:
-        summary += (
-            f" {ranks_phrase(collateral_ranks)} waited for it inside a collective and {were(collateral_ranks)} stopped."
-        )
-    elif collateral_ranks:
-        summary += f" {ranks_phrase(collateral_ranks)} then failed waiting for it."
-    stopped = sorted(r for r, role in roles.items() if role == "stopped")
-    if stopped:
-        summary += f" {ranks_phrase(stopped)} {were(stopped)} stopped by the launcher."
-    if other_own:
-        their = "its" if len(other_own) == 1 else "their"
-        summary += f" {ranks_phrase(other_own)} also failed on {their} own, later."
-    if reason and cls != "hang" and reason != "failed first on its own":
-        summary += f" (Rank {ev.rank} {reason}.)"
-
+    summary = _summary(ctx, initiating, ev, sig, cls, naming, roles, reason)
     schedule = ctx.schedule
     if schedule is not None and schedule.kind == "missing" and ev.rank in schedule.ranks:
         lines.append(schedule.summary)
@@ -232,6 +149,112 @@ def rank_verdict(
         retryable=sig.retryable if sig else None,
         collective=finding_json(schedule, evidence) if schedule is not None and ev.rank in schedule.ranks else None,
     )
+
+
+def _class_and_lines(
+    ctx: Context, initiating: RankFinding, ev: RankEvidence, naming: tuple[Signature, str] | None
+) -> tuple[Signature | None, str, list[str]]:
+    """The signature and class the named rank gets, and the first decisive lines: its own, the peers'
+    line that names it, or what it was doing while its peers waited."""
+    symptoms = ctx.symptoms
+    if naming is not None:
+        return naming[0], naming[0].failure_class, [naming[1]]
+    if initiating.state == "succeeded":
+        line = f"rank {ev.rank} exited with status 0 while its peers waited for it in a collective"
+        return ctx.taxonomy.get("nccl-desync-report"), "collective_desync", [line]
+    if initiating.own:
+        return initiating.signature, initiating.failure_class, list(initiating.lines)
+    frame = ev.stack.user_frame() if ev.stack else None
+    if symptoms and all(f.failure_class == "rendezvous_timeout" for f in symptoms):
+        # its peers timed out waiting for it to join the process group: it never arrived
+        line = f"rank {ev.rank} never joined the process group" + (f"; it was at {frame}" if frame else "")
+        return symptoms[0].signature, "rendezvous_timeout", [line]
+    sig = ctx.taxonomy.get("hang-outside-collective")
+    line = (f"rank {ev.rank} alive, main thread at {frame}" if frame else
+            f"rank {ev.rank} reported no error of its own while its peers timed out (no stack was taken)")  # fmt: skip
+    return sig, sig.failure_class, [line]
+
+
+def _what(
+    initiating: RankFinding, ev: RankEvidence, sig: Signature | None, cls: str, naming: tuple[Signature, str] | None
+) -> str:
+    """What the rank did, as a summary's verb phrase: ``raised ValueError: ...``, ``was stuck outside ...``."""
+    exc = initiating.exception
+    if naming is not None:
+        return f"is named by its peers: {sig.title if sig else cls}"
+    if cls == "hang" and ev.stack is None:
+        return "never reached the collective its peers waited in (it reported no error of its own)"
+    if cls == "collective_desync" and sig is not None and sig.id == "ddp-unfinished-reduction":
+        what = "skipped parameters in its forward (DDP's reduction of the previous step never finished)"
+        m = _DDP_UNUSED.search(exc.message if exc else " ".join(initiating.lines))
+        return what + (f": {m['p'].strip()[:200]}" if m else "")
+    if cls == "killed" and exc is not None and exc.type.endswith("KeyboardInterrupt"):
+        return "was interrupted (SIGINT, KeyboardInterrupt) from outside the job"
+    last = exc.last_line.splitlines()[0] if exc is not None and exc.last_line else None
+    return {
+        "python_exception": f"raised {last}" if last else "raised an exception",
+        "host_oom": "ran out of host memory" + (f" ({exc.type})" if exc else ""),
+        "segfault": f"died by {ev.signal or 'a fatal signal'} in native code",
+        "abort": f"aborted ({ev.signal or 'SIGABRT'})",
+        "killed": f"was killed by {ev.signal or 'a signal'} from outside the job",
+        "silent_exit": f"exited with status {ev.exit_code} without a traceback",
+        "hang": "was stuck outside any collective",
+        "rendezvous_timeout": "never joined the process group its peers waited for",
+    }.get(cls, f"failed ({sig.title if sig else cls})")
+
+
+def _where(initiating: RankFinding, ev: RankEvidence, cls: str) -> str | None:
+    """The line of the rank's own code: its exception's (the user's frame first), or its stack's for a hang."""
+    exc = initiating.exception
+    loc = exc.location() if exc is not None and initiating.own else None
+    if exc is not None and initiating.own and (user := exc.user_location()):
+        loc = user
+    if cls in ("hang", "rendezvous_timeout") and ev.stack is not None and ev.stack.user_frame() is not None:
+        loc = str(ev.stack.user_frame())
+    return loc
+
+
+def _summary(
+    ctx: Context,
+    initiating: RankFinding,
+    ev: RankEvidence,
+    sig: Signature | None,
+    cls: str,
+    naming: tuple[Signature, str] | None,
+    roles: dict[int, Role],
+    reason: str,
+) -> str:
+    """The sentence a person reads first: the rank, what it did and where, then what its peers did."""
+    exc = initiating.exception
+    loc = _where(initiating, ev, cls)
+    summary = f"Rank {ev.rank}{on_node(ev)} {_what(initiating, ev, sig, cls, naming)}" + (f" at {loc}" if loc else "")
+    if exc is not None and exc.thread and initiating.own:
+        summary += f" in thread {exc.thread!r}"
+    summary += ", while its peers waited." if cls == "hang" and ev.stack is not None else "."
+    if initiating.own and initiating.printed and initiating.time is not None:
+        lead = _lead(ctx, initiating)
+        if initiating.state in ("alive", "stopped"):
+            summary += (f" It printed the error{f' {lead}' if lead else ''} and was still alive (cleaning up, or "
+                        "stuck after it) when the launcher stopped it.")  # fmt: skip
+        elif lead:
+            summary += f" It printed the error {lead}, then exited only later."
+    collateral_ranks = sorted(r for r, role in roles.items() if role == "collateral")
+    if collateral_ranks and ctx.evidence.hang is not None and not initiating.own:
+        summary += (
+            f" {ranks_phrase(collateral_ranks)} waited for it inside a collective and {were(collateral_ranks)} stopped."
+        )
+    elif collateral_ranks:
+        summary += f" {ranks_phrase(collateral_ranks)} then failed waiting for it."
+    stopped = sorted(r for r, role in roles.items() if role == "stopped")
+    if stopped:
+        summary += f" {ranks_phrase(stopped)} {were(stopped)} stopped by the launcher."
+    other_own = [f.rank for f in ctx.own if f.rank != initiating.rank]
+    if other_own:
+        their = "its" if len(other_own) == 1 else "their"
+        summary += f" {ranks_phrase(other_own)} also failed on {their} own, later."
+    if reason and cls != "hang" and reason != "failed first on its own":
+        summary += f" (Rank {ev.rank} {reason}.)"
+    return summary
 
 
 def _lead(ctx: Context, initiating: RankFinding) -> str:

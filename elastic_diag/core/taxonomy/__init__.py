@@ -259,4 +259,4 @@ def load_taxonomy() -> Taxonomy:
     return Taxonomy(tuple(signatures))
 
 
-__all__ = ["FAILURE_CLASSES", "Signature", "Taxonomy", "load_taxonomy", "parse_signatures"]
+__all__ = ["FAILURE_CLASSES", "ROLE_HINTS", "RoleHint", "Signature", "Taxonomy", "load_taxonomy", "parse_signatures"]
