@@ -11,7 +11,6 @@ what the job does.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import signal
@@ -30,14 +29,11 @@ from elastic_diag.agent.capture import AttemptCapture, Worker
 from elastic_diag.agent.clock import skewed_clock
 from elastic_diag.agent.cluster import Cluster, StoreExchange
 from elastic_diag.agent.logs_specs import DiagLogsSpecs
-from elastic_diag.core.classify import Diagnosis, classify_attempt
+from elastic_diag.agent.restart import RestartGate, resume_env
+from elastic_diag.core.classify import classify_attempt
 from elastic_diag.core.evidence import AttemptEvidence, RankEvidence
-from elastic_diag.core.findings import retryable_own_failure
 from elastic_diag.core.merge import node_label
-from elastic_diag.core.taxonomy import load_taxonomy
-from elastic_diag.gate import controls, policy
-from elastic_diag.gate.policy import AttemptOutcome
-from elastic_diag.layout import ENV_PREVIOUS_DIAGNOSIS, ENV_RESUME_FROM, read_exception
+from elastic_diag.layout import read_exception
 from elastic_diag.report.session import DiagSession
 from elastic_diag.report.summary import print_summary
 
@@ -54,7 +50,7 @@ class DiagAgent(LocalElasticAgent):
         self._capture: AttemptCapture | None = None
         self._node = socket.gethostname()
         self._clock = skewed_clock()
-        self._history: list[AttemptOutcome] = []
+        self._restart_gate = RestartGate(session)
 
     def run(self, role: str = DEFAULT_ROLE) -> RunResult:
         result: RunResult = super().run(role)
@@ -153,111 +149,20 @@ class DiagAgent(LocalElasticAgent):
         return worker_group.spec.max_restarts - self._remaining_restarts
 
     def _gate(self, worker_group: WorkerGroup) -> None:
-        """Torch would restart now: ask the policy, run the verification controls, and either let the
-        restart happen (with the resume variables for the next attempt) or end the run."""
+        """Torch would restart now: the restart gate decides; either the restart happens (with the resume
+        variables for the next attempt's ranks) or the run ends."""
         attempt = self._attempt(worker_group)
-        nodes = worker_group.group_world_size or 1
-        if nodes > 1 and worker_group.group_rank != 0:
-            followed = self._follow_gate(worker_group, attempt)
-            if followed is not None:
-                self._apply_gate(attempt, followed, Diagnosis(failure_class="unknown"))
-                return
-        record = self._session.attempts.get(attempt)
-        diagnosis = record.diagnosis if record is not None else Diagnosis(failure_class="unknown")
-        evidence = record.evidence if record is not None else None
-        config = self._session.config
-        outcome = outcome_of(attempt, diagnosis, evidence, config.checkpoint_dir)
-        self._history.append(outcome)
-        chosen = self._session.policy or policy.verified
-        decision = policy.ask_policy(chosen, self._history)
-        entry: dict[str, Any] = {"attempt": attempt, "policy": config.restart_policy, "failure": outcome.describe(),
-                                 "reason": decision.reason, "controls": []}  # fmt: skip
-        verification_failed = False
-        if decision.restart and decision.verify:
-            specs = list(config.verify) or controls.default_controls(config.checkpoint_dir)
-            out_dir = config.diag_dir / f"attempt_{attempt}" / "gate"
-            out_dir.mkdir(parents=True, exist_ok=True)
-            sig = self._taxonomy_patterns(diagnosis.signature_id)
-            ctx = controls.ControlContext(nproc=worker_group.spec.local_world_size, out_dir=out_dir,
-                                      checkpoint_dir=config.checkpoint_dir, timeout_s=config.verify_timeout_s,
-                                      retries=config.verify_retries, signature_patterns=sig)  # fmt: skip
-            logger.warning("elastic_diag: attempt %s failed (%s); verifying before restart: %s", attempt,
-                           outcome.describe(), ", ".join(specs))  # fmt: skip
-            results = controls.verify(specs, ctx)
-            for i, r in enumerate(results):
-                out_file = out_dir / f"control_{i}_{_slug(r.name)}.log"
-                try:
-                    out_file.write_text(r.output)
-                except OSError:
-                    out_file = None  # type: ignore[assignment]
-                entry["controls"].append(r.to_json(str(out_file) if out_file else None))
-            failed = next((r for r in results if not r.passed), None)
-            if failed is not None:
-                verification_failed = True
-                decision = policy.Decision(False, f"verification failed: {failed.name}: {failed.summary}")
-        entry["decision"] = "restart" if decision.restart else "refused"
-        entry["reason"] = decision.reason
-        entry["verification_failed"] = verification_failed
-        if decision.restart:
-            entry["resume_from"] = str(controls.latest_checkpoint(config.checkpoint_dir) or "") or None
-        if nodes > 1:
-            self._publish_gate(worker_group, attempt, entry)
-        self._apply_gate(attempt, entry, diagnosis)
-
-    def _apply_gate(self, attempt: int, entry: dict[str, Any], diagnosis: Diagnosis) -> None:
+        entry, diagnosis = self._restart_gate.decide(
+            attempt, nproc=worker_group.spec.local_world_size, nodes=worker_group.group_world_size or 1,
+            group_rank=worker_group.group_rank or 0, store=worker_group.store,
+        )  # fmt: skip
         if entry.get("decision") == "restart":
-            self._prepare_resume(attempt, diagnosis)
+            if isinstance(self._logs_specs, DiagLogsSpecs):
+                self._logs_specs.extra_env = resume_env(self._session, attempt, diagnosis)
         else:
             self._remaining_restarts = 0
             logger.warning("elastic_diag: no restart: %s", entry.get("reason"))
         self._session.record_gate(attempt, entry)
-
-    def _gate_key(self, attempt: int) -> str:
-        return f"elastic_diag/gate/{self._session.run_id}/{attempt}"
-
-    def _publish_gate(self, worker_group: WorkerGroup, attempt: int, entry: dict[str, Any]) -> None:
-        """One decision for every node: the agent of group rank 0 decides and publishes it."""
-        store: Any = worker_group.store
-        with self._session.guard("publishing the restart decision to the other nodes"):
-            store.set(self._gate_key(attempt), json.dumps(entry))
-
-    def _follow_gate(self, worker_group: WorkerGroup, attempt: int) -> dict[str, Any] | None:
-        """The decision of the agent of group rank 0, or None (then this agent decides alone) when it
-        does not come within the controls' worst-case time."""
-        config = self._session.config
-        wait_s = config.verify_timeout_s * (config.verify_retries + 1) * max(1, len(config.verify) or 3) + 60
-        store: Any = worker_group.store
-        try:
-            from datetime import timedelta
-
-            store.wait([self._gate_key(attempt)], timedelta(seconds=wait_s))
-            entry = json.loads(store.get(self._gate_key(attempt)))
-        except Exception as e:
-            self._session.note(f"attempt {attempt}: no restart decision from group rank 0 ({e}); decided locally")
-            return None
-        if not isinstance(entry, dict):
-            return None
-        entry["decided_by"] = "group rank 0"
-        return entry
-
-    def _taxonomy_patterns(self, signature_id: str | None) -> tuple[str, ...]:
-        if not signature_id:
-            return ()
-        try:
-            return tuple(p.pattern for p in load_taxonomy().get(signature_id).patterns)
-        except Exception:
-            return ()
-
-    def _prepare_resume(self, attempt: int, diagnosis: Diagnosis) -> None:
-        """What the next attempt's ranks find in their environment (DiagLogsSpecs adds it)."""
-        specs = self._logs_specs
-        if not isinstance(specs, DiagLogsSpecs):
-            return
-        latest = controls.latest_checkpoint(self._session.config.checkpoint_dir)
-        specs.extra_env = {
-            ENV_RESUME_FROM: str(latest) if latest is not None else "",
-            ENV_PREVIOUS_DIAGNOSIS: diagnosis_id(self._session.run_id, attempt, diagnosis),
-        }
 
     def _verdict_from_failures(self, worker_group: WorkerGroup, result: RunResult) -> None:
         """No live capture this attempt: the verdict from exit codes and error files only."""
@@ -291,39 +196,6 @@ def rendezvous_context(handler: Any, node: str) -> dict[str, Any]:
         names.add(f"{node} (pid {os.getpid()}, this node)")
     out["joined"] = sorted(names)
     return out
-
-
-def _slug(text: str) -> str:
-    return "".join(c if c.isalnum() else "_" for c in text)[:40] or "control"
-
-
-def diagnosis_id(run_id: str, attempt: int, diagnosis: Diagnosis) -> str:
-    """``<run>/attempt_0/python-exception/rank2``: names a verdict in the previous attempt's report."""
-    what = diagnosis.signature_id or diagnosis.failure_class
-    rank = f"rank{diagnosis.initiating_rank}" if diagnosis.initiating_rank is not None else "rank?"
-    return f"{run_id or 'run'}/attempt_{attempt}/{what}/{rank}"
-
-
-def outcome_of(
-    attempt: int, diagnosis: Diagnosis, evidence: AttemptEvidence | None, ckpt: Path | None
-) -> AttemptOutcome:
-    location = None
-    own_retryable = False
-    if evidence is not None and diagnosis.initiating_rank is not None:
-        ev = next((r for r in evidence.ranks if r.rank == diagnosis.initiating_rank), None)
-        location = ev.location() if ev is not None else None
-        own_retryable = ev is not None and retryable_own_failure(ev, load_taxonomy()) is not None
-    return AttemptOutcome(
-        attempt=attempt,
-        failure_class=diagnosis.failure_class,
-        signature_id=diagnosis.signature_id,
-        initiating_rank=diagnosis.initiating_rank,
-        exception_type=diagnosis.exception_type,
-        location=location,
-        retryable=diagnosis.retryable,
-        checkpoint=controls.checkpoint_identity(ckpt),
-        own_retryable=own_retryable,
-    )
 
 
 def evidence_from_failures(
