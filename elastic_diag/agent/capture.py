@@ -34,14 +34,14 @@ from torch.distributed.elastic.agent.server.api import RunResult, WorkerState
 from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
 
 from elastic_diag.agent.clock import Clock, Sleep
-from elastic_diag.agent.cluster import Cluster
+from elastic_diag.agent.cluster import Cluster, global_verdict
 from elastic_diag.agent.dumps import POLL_S, native_stacks_of, request_dumps
 from elastic_diag.agent.health import HangAlarm, HealthMonitor
 from elastic_diag.agent.tailer import StreamTailer
 from elastic_diag.config import DiagConfig
 from elastic_diag.core.classify import Diagnosis, classify_attempt, straggler_warnings
 from elastic_diag.core.evidence import AttemptEvidence, RankEvidence, as_seconds, parse_stack_dump
-from elastic_diag.core.merge import diagnosis_from_json, merge, record_of
+from elastic_diag.core.flight_recorder import RankRecord
 from elastic_diag.core.verdict import AttemptStatus
 from elastic_diag.layout import (
     EXCEPTION_FILE,
@@ -252,61 +252,22 @@ class AttemptCapture:
             self._sleep(POLL_S)
 
     def evidence(self, *, final: bool) -> AttemptEvidence:
+        """Every rank's evidence as it stands now (``final``: after torch's teardown)."""
         codes = self._poll()
         with self.session.guard("reading the ranks' output"):
             self.tailer.poll(final=final)  # catch up with what the ranks printed until now
-        stopped: set[int] = set()
-        alive_at_decision = set(self.alive_at_decision)
-        if final and not self.decided:
-            # torch saw the failure before we did: ranks it killed are the SIGTERM/SIGKILL exits
-            # that came after the first failure.
-            failures = [self.exit_time(lr) for lr, c in codes.items() if c not in (None, 0)]
-            first = min((t for t in failures if t is not None), default=None)
-            for lr, c in codes.items():
-                t = self.exit_time(lr)
-                if c in (-signal.SIGTERM, -signal.SIGKILL) and first is not None and t is not None and t > first:
-                    alive_at_decision.add(lr)
-        if final:  # the launcher's teardown ends a rank with SIGTERM, or SIGKILL after its deadline
-            stopped = {lr for lr in alive_at_decision if codes.get(lr) in (-signal.SIGTERM, -signal.SIGKILL)}
+        alive, stopped = self._alive_and_stopped(codes, final)
         ranks = []
         problems: list[str] = []
         came_up: bool | None = None
         for lr, w in sorted(self.workers.items()):
-            info = read_json(w.layout.path(WORKER_FILE)) or {}
             record, problem = read_flight_record(w.layout.dir, w.rank)
             if problem:
                 problems.append(problem)
             progress = read_progress(w.layout.path(PROGRESS_FILE)) or {}
-            durations = tuple(float(d) for d in progress.get("step_durations") or () if isinstance(d, int | float))
             if progress:
                 came_up = bool(came_up) or _completed_a_collective(progress) or bool(record and record.groups)
-            stack_text = self.stacks.get(lr, "")
-            start = info.get("start_time")
-            ranks.append(
-                RankEvidence(
-                    rank=w.rank,
-                    local_rank=lr,
-                    node=self.node,
-                    pid=w.proc.pid,
-                    exit_code=codes[lr],
-                    exit_time=self.exit_time(lr),
-                    start_time=float(start) if isinstance(start, int | float) else None,
-                    alive_at_decision=lr in alive_at_decision,
-                    stopped_by_agent=lr in stopped,
-                    exception=read_exception(w.layout.dir),
-                    stderr_tail=read_tail(w.layout.path(STDERR_FILE), self.config.tail_lines),
-                    stdout_tail=read_tail(w.layout.path(STDOUT_FILE), 10),
-                    stack=parse_stack_dump(stack_text) if stack_text else None,
-                    evidence_dir=str(w.layout.dir),
-                    flight_record=record,
-                    nonfinite=read_json(w.layout.path(NONFINITE_FILE)),
-                    step_durations=durations,
-                    progress_time=as_seconds(progress.get("progress_time")),
-                    steps=int(progress["steps"]) if isinstance(progress.get("steps"), int) else None,
-                    error_line=self.tailer.first_error(lr),
-                    thread_exception=read_thread_exception(w.layout.dir),
-                )
-            )
+            ranks.append(self._rank_evidence(w, codes[lr], lr in alive, lr in stopped, record, progress))
         problems.extend(self.tailer.problems)
         problems.extend(evidence_gaps(ranks, self.tailer))
         self.problems = [*self.missing_evidence, *problems]
@@ -317,6 +278,53 @@ class AttemptCapture:
             decided_at=self.decided_at,
             hang=self.hang.to_json() if self.hang is not None else None,
             came_up=came_up,
+        )
+
+    def _alive_and_stopped(self, codes: dict[int, int | None], final: bool) -> tuple[set[int], set[int]]:
+        """The ranks alive when the verdict was taken, and those the launcher's teardown ended (SIGTERM, or
+        SIGKILL after its deadline)."""
+        alive = set(self.alive_at_decision)
+        if final and not self.decided:
+            # torch saw the failure before we did: ranks it killed are the SIGTERM/SIGKILL exits
+            # that came after the first failure.
+            failures = [self.exit_time(lr) for lr, c in codes.items() if c not in (None, 0)]
+            first = min((t for t in failures if t is not None), default=None)
+            for lr, c in codes.items():
+                t = self.exit_time(lr)
+                if c in (-signal.SIGTERM, -signal.SIGKILL) and first is not None and t is not None and t > first:
+                    alive.add(lr)
+        stopped = {lr for lr in alive if codes.get(lr) in (-signal.SIGTERM, -signal.SIGKILL)} if final else set()
+        return alive, stopped
+
+    def _rank_evidence(self, w: Worker, code: int | None, alive: bool, stopped: bool, record: RankRecord | None,
+                       progress: dict[str, Any]) -> RankEvidence:  # fmt: skip
+        """One rank's evidence: its exit, what it recorded of itself, what it printed, its stacks."""
+        lr = w.local_rank
+        info = read_json(w.layout.path(WORKER_FILE)) or {}
+        start = info.get("start_time")
+        stack_text = self.stacks.get(lr, "")
+        return RankEvidence(
+            rank=w.rank,
+            local_rank=lr,
+            node=self.node,
+            pid=w.proc.pid,
+            exit_code=code,
+            exit_time=self.exit_time(lr),
+            start_time=float(start) if isinstance(start, int | float) else None,
+            alive_at_decision=alive,
+            stopped_by_agent=stopped,
+            exception=read_exception(w.layout.dir),
+            stderr_tail=read_tail(w.layout.path(STDERR_FILE), self.config.tail_lines),
+            stdout_tail=read_tail(w.layout.path(STDOUT_FILE), 10),
+            stack=parse_stack_dump(stack_text) if stack_text else None,
+            evidence_dir=str(w.layout.dir),
+            flight_record=record,
+            nonfinite=read_json(w.layout.path(NONFINITE_FILE)),
+            step_durations=tuple(float(d) for d in progress.get("step_durations") or () if isinstance(d, int | float)),
+            progress_time=as_seconds(progress.get("progress_time")),
+            steps=int(progress["steps"]) if isinstance(progress.get("steps"), int) else None,
+            error_line=self.tailer.first_error(lr),
+            thread_exception=read_thread_exception(w.layout.dir),
         )
 
     def finish(self, result: RunResult) -> RunResult:
@@ -337,50 +345,11 @@ class AttemptCapture:
         self.session.record_attempt(evidence, diagnosis, status=status, final=True)
         if self.cluster is not None and status == "failed":
             with self.session.guard("merging the other nodes' records (the local verdict stands)"):
-                diagnosis = self._global_verdict(evidence, diagnosis, status)
+                diagnosis = global_verdict(self.cluster, self.session, attempt=self.attempt.attempt, node=self.node,
+                                           evidence=evidence, local=diagnosis, status=status)  # fmt: skip
         if status == "failed" and diagnosis.initiating_rank is not None:
             result.failures = self._corrected_failures(result.failures, evidence, diagnosis)
         return result
-
-    def _global_verdict(self, evidence: AttemptEvidence, local: Diagnosis, status: AttemptStatus) -> Diagnosis:
-        """One verdict for all nodes: every agent publishes its record; the agent of group rank 0 reads
-        them all (bounded), merges, and publishes the verdict (one key) and each node's roles (one key
-        per node); the others read those two keys. O(nodes) keys per failure. If the leader's verdict
-        does not come, an agent merges the records itself."""
-        c = self.cluster
-        assert c is not None
-        n = self.attempt.attempt
-        c.exchange.publish(n, c.group_rank, record_of(evidence, node=self.node, group_rank=c.group_rank,
-                                                            offset=c.offset))  # fmt: skip
-        info: dict[str, Any] = {"clock_offset_s": round(c.offset, 6), "local_diagnosis": local.to_json()}
-        if c.group_rank != 0:
-            verdict = c.exchange.verdict(n, c.group_rank, self.config.grace_s + 25.0, offset=c.offset)
-            if verdict is not None:
-                diagnosis = diagnosis_from_json(verdict["diagnosis"], verdict["roles"])
-                info.update(decided_by="group rank 0", nodes=verdict.get("nodes"),
-                            missing_group_ranks=verdict.get("missing"), store_bytes_sent=c.exchange.bytes_sent,
-                            store_bytes_read=c.exchange.bytes_read)  # fmt: skip
-                self.session.record_attempt(evidence, diagnosis, status=status, final=True, cluster=info)
-                c.exchange.done(n, c.group_rank)
-                return diagnosis
-            self.session.note(f"attempt {n}: no verdict from group rank 0; merged the nodes' records here")
-        records, problems = c.exchange.records(n, c.world, self.config.grace_s + 15.0, offset=c.offset)
-        hellos = c.exchange.hellos(c.world, 2.0)
-        merged = merge(n, records, c.world, hellos, problems)
-        for p in merged.problems:
-            self.session.note(f"attempt {n}: {p}")
-        if len(records) <= 1 and not merged.missing:
-            return local
-        if c.group_rank == 0:
-            c.exchange.publish_verdict(n, merged, hellos)
-        info.update(decided_by=f"group rank {c.group_rank}", nodes=merged.nodes, missing_group_ranks=merged.missing,
-                    store_bytes_sent=c.exchange.bytes_sent, store_bytes_read=c.exchange.bytes_read)  # fmt: skip
-        self.session.record_attempt(merged.evidence, merged.diagnosis, status=status, final=True, cluster=info)
-        # the leader hosts the store: it stays until every node has read the verdict (bounded)
-        c.exchange.done(n, c.group_rank)
-        if c.group_rank == 0:
-            c.exchange.wait_done(n, sorted(records), 10.0)  # not for nodes that are gone
-        return merged.diagnosis
 
     def _corrected_failures(
         self, failures: dict[int, ProcessFailure], evidence: AttemptEvidence, diagnosis: Diagnosis

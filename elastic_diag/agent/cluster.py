@@ -15,7 +15,18 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from elastic_diag.core.merge import VERDICT_SCHEMA, Merge, parse_record, verdict_of
+from elastic_diag.core.evidence import AttemptEvidence
+from elastic_diag.core.merge import (
+    VERDICT_SCHEMA,
+    Merge,
+    diagnosis_from_json,
+    merge,
+    parse_record,
+    record_of,
+    verdict_of,
+)
+from elastic_diag.core.verdict import AttemptStatus, Diagnosis
+from elastic_diag.report.session import DiagSession
 
 BEAT_S = 1.0  # each agent's heartbeat in the store
 
@@ -204,3 +215,44 @@ class Cluster:
                 self.exchange.beat(self.group_rank, self.offset)
             except Exception:
                 return  # the store is gone: nothing to tell anyone
+
+
+def global_verdict(c: Cluster, session: DiagSession, *, attempt: int, node: str, evidence: AttemptEvidence,
+                   local: Diagnosis, status: AttemptStatus) -> Diagnosis:  # fmt: skip
+    """One verdict for all nodes: every agent publishes its record; the agent of group rank 0 reads
+    them all (bounded), merges, and publishes the verdict (one key) and each node's roles (one key
+    per node); the others read those two keys. O(nodes) keys per failure. If the leader's verdict
+    does not come, an agent merges the records itself."""
+    n = attempt
+    grace_s = session.config.grace_s
+    c.exchange.publish(n, c.group_rank, record_of(evidence, node=node, group_rank=c.group_rank,
+                                                        offset=c.offset))  # fmt: skip
+    info: dict[str, Any] = {"clock_offset_s": round(c.offset, 6), "local_diagnosis": local.to_json()}
+    if c.group_rank != 0:
+        verdict = c.exchange.verdict(n, c.group_rank, grace_s + 25.0, offset=c.offset)
+        if verdict is not None:
+            diagnosis = diagnosis_from_json(verdict["diagnosis"], verdict["roles"])
+            info.update(decided_by="group rank 0", nodes=verdict.get("nodes"),
+                        missing_group_ranks=verdict.get("missing"), store_bytes_sent=c.exchange.bytes_sent,
+                        store_bytes_read=c.exchange.bytes_read)  # fmt: skip
+            session.record_attempt(evidence, diagnosis, status=status, final=True, cluster=info)
+            c.exchange.done(n, c.group_rank)
+            return diagnosis
+        session.note(f"attempt {n}: no verdict from group rank 0; merged the nodes' records here")
+    records, problems = c.exchange.records(n, c.world, grace_s + 15.0, offset=c.offset)
+    hellos = c.exchange.hellos(c.world, 2.0)
+    merged = merge(n, records, c.world, hellos, problems)
+    for p in merged.problems:
+        session.note(f"attempt {n}: {p}")
+    if len(records) <= 1 and not merged.missing:
+        return local
+    if c.group_rank == 0:
+        c.exchange.publish_verdict(n, merged, hellos)
+    info.update(decided_by=f"group rank {c.group_rank}", nodes=merged.nodes, missing_group_ranks=merged.missing,
+                store_bytes_sent=c.exchange.bytes_sent, store_bytes_read=c.exchange.bytes_read)  # fmt: skip
+    session.record_attempt(merged.evidence, merged.diagnosis, status=status, final=True, cluster=info)
+    # the leader hosts the store: it stays until every node has read the verdict (bounded)
+    c.exchange.done(n, c.group_rank)
+    if c.group_rank == 0:
+        c.exchange.wait_done(n, sorted(records), 10.0)  # not for nodes that are gone
+    return merged.diagnosis
