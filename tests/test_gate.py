@@ -222,7 +222,8 @@ def test_a_policy_that_does_not_import_is_a_usage_error_before_any_worker(tmp_pa
 
 def test_report_json_of_the_gate_is_plain_json(tmp_path):
     r = controls.run_control("disk", ctx(tmp_path))
-    json.dumps(r.to_json("x.log"))
+    record = json.loads(json.dumps(r.to_json("x.log")))
+    assert record["name"] == "disk" and record["output_file"] == "x.log" and isinstance(record["passed"], bool)
 
 
 NEVER_COMES_UP = """

@@ -224,9 +224,15 @@ def test_a_watch_past_its_timeout_names_its_rank(tmp_path: Path):
     assert alarm is not None and alarm.rank == 1 and "watch('eval')" in alarm.reason
 
 
-def test_the_public_api_is_a_no_op_outside_elastic_diag():
+def test_the_public_api_is_a_no_op_outside_elastic_diag(tmp_path, monkeypatch):
+    """A script that calls heartbeat() and watch() runs unchanged without elastic_diag's launcher: no
+    beacon starts, nothing is written."""
     import elastic_diag
+    from elastic_diag.worker import beacon
 
+    monkeypatch.chdir(tmp_path)
+    assert beacon.current() is None
     elastic_diag.heartbeat()
     with elastic_diag.watch("step", timeout=1.0):
-        pass
+        ran = True
+    assert ran and beacon.current() is None and list(tmp_path.iterdir()) == []

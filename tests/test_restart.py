@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 from elastic_diag.agent.restart import RestartGate, diagnosis_id, resume_env
 from elastic_diag.config import DiagConfig
@@ -35,6 +36,12 @@ def session_after(tmp_path, failure: str = "ValueError", **config) -> DiagSessio
     return session
 
 
+def decide(gate: RestartGate, *args: Any, **kwargs: Any) -> tuple[dict[str, Any], Diagnosis]:
+    """The gate's decision as report.json keeps it (GateRecord.to_json)."""
+    record, diagnosis = gate.decide(*args, **kwargs)
+    return record.to_json(), diagnosis
+
+
 class DictStore:
     def __init__(self) -> None:
         self.data: dict[str, bytes] = {}
@@ -54,7 +61,7 @@ class DictStore:
 def test_never_refuses_and_says_so(tmp_path):
     session = session_after(tmp_path)
     session.policy = policy.never
-    entry, diagnosis = RestartGate(session).decide(0, nproc=3)
+    entry, diagnosis = decide(RestartGate(session), 0, nproc=3)
     assert diagnosis.initiating_rank == 1
     assert entry["decision"] == "refused" and entry["reason"] == "the restart policy is 'never'"
     assert entry["failure"] == "python_exception (ValueError) on rank 1 at train.py:9 in step"
@@ -64,14 +71,14 @@ def test_never_refuses_and_says_so(tmp_path):
 def test_always_restarts_without_controls(tmp_path):
     session = session_after(tmp_path)
     session.policy = policy.always
-    entry, _ = RestartGate(session).decide(0, nproc=3)
+    entry, _ = decide(RestartGate(session), 0, nproc=3)
     assert entry["decision"] == "restart" and entry["controls"] == [] and entry["resume_from"] is None
 
 
 def test_a_failing_control_refuses_the_restart_and_keeps_its_output(tmp_path):
     session = session_after(tmp_path, failure="ConnectionError", verify=("echo checking; exit 3",),
                             verify_timeout_s=10)  # fmt: skip
-    entry, _ = RestartGate(session).decide(0, nproc=3)  # verified: a ConnectionError of its own is retryable
+    entry, _ = decide(RestartGate(session), 0, nproc=3)  # verified: a ConnectionError of its own is retryable
     assert entry["decision"] == "refused" and entry["verification_failed"] is True
     assert entry["reason"].startswith("verification failed: echo checking; exit 3")
     (control,) = entry["controls"]
@@ -81,9 +88,9 @@ def test_a_failing_control_refuses_the_restart_and_keeps_its_output(tmp_path):
 def test_the_same_failure_twice_is_not_restarted_again(tmp_path):
     session = session_after(tmp_path, failure="ConnectionError", verify=("true",), verify_timeout_s=10)
     gate = RestartGate(session)
-    first, _ = gate.decide(0, nproc=3)
+    first, _ = decide(gate, 0, nproc=3)
     assert first["decision"] == "restart" and [c["passed"] for c in first["controls"]] == [True]
-    again, _ = gate.decide(0, nproc=3)  # the next attempt ended the same way, from the same checkpoint
+    again, _ = decide(gate, 0, nproc=3)  # the next attempt ended the same way, from the same checkpoint
     assert again["decision"] == "refused" and len(gate.history) == 2
 
 
@@ -105,13 +112,13 @@ def test_the_other_nodes_follow_group_rank_0_or_decide_alone(tmp_path):
     store = DictStore()
     leader = session_after(tmp_path / "a")
     leader.policy = policy.never
-    decided, _ = RestartGate(leader).decide(0, nproc=3, nodes=2, group_rank=0, store=store)
+    decided, _ = decide(RestartGate(leader), 0, nproc=3, nodes=2, group_rank=0, store=store)
     follower = session_after(tmp_path / "b")
     follower.policy = policy.always  # its own policy would restart: the leader's decision wins
-    followed, _ = RestartGate(follower).decide(0, nproc=3, nodes=2, group_rank=1, store=store)
+    followed, _ = decide(RestartGate(follower), 0, nproc=3, nodes=2, group_rank=1, store=store)
     assert followed == {**decided, "decided_by": "group rank 0"}
     alone = session_after(tmp_path / "c")
     alone.policy = policy.always
-    entry, _ = RestartGate(alone).decide(1, nproc=3, nodes=2, group_rank=1, store=store)  # nothing for attempt 1
+    entry, _ = decide(RestartGate(alone), 1, nproc=3, nodes=2, group_rank=1, store=store)  # nothing for attempt 1
     assert entry["decision"] == "restart" and "decided_by" not in entry
     assert any("no restart decision from group rank 0" in n for n in alone.notes)

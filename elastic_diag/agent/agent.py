@@ -152,17 +152,17 @@ class DiagAgent(LocalElasticAgent):
         """Torch would restart now: the restart gate decides; either the restart happens (with the resume
         variables for the next attempt's ranks) or the run ends."""
         attempt = self._attempt(worker_group)
-        entry, diagnosis = self._restart_gate.decide(
+        gate, diagnosis = self._restart_gate.decide(
             attempt, nproc=worker_group.spec.local_world_size, nodes=worker_group.group_world_size or 1,
             group_rank=worker_group.group_rank or 0, store=worker_group.store,
         )  # fmt: skip
-        if entry.get("decision") == "restart":
+        if gate.decision == "restart":
             if isinstance(self._logs_specs, DiagLogsSpecs):
                 self._logs_specs.extra_env = resume_env(self._session, attempt, diagnosis)
         else:
             self._remaining_restarts = 0
-            logger.warning("elastic_diag: no restart: %s", entry.get("reason"))
-        self._session.record_gate(attempt, entry)
+            logger.warning("elastic_diag: no restart: %s", gate.reason)
+        self._session.record_gate(attempt, gate.to_json())
 
     def _verdict_from_failures(self, worker_group: WorkerGroup, result: RunResult) -> None:
         """No live capture this attempt: the verdict from exit codes and error files only."""

@@ -16,14 +16,14 @@ import json
 import logging
 from datetime import timedelta
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Protocol
 
 from elastic_diag.core.evidence import AttemptEvidence
 from elastic_diag.core.findings import retryable_own_failure
 from elastic_diag.core.taxonomy import load_taxonomy
 from elastic_diag.core.verdict import Diagnosis
 from elastic_diag.gate import controls, policy
-from elastic_diag.gate.policy import AttemptOutcome
+from elastic_diag.gate.policy import AttemptOutcome, GateRecord
 from elastic_diag.layout import ENV_PREVIOUS_DIAGNOSIS, ENV_RESUME_FROM, GATE_DIR, attempt_dir_name
 from elastic_diag.report.session import DiagSession
 
@@ -48,9 +48,8 @@ class RestartGate:
         self.history: list[AttemptOutcome] = []
 
     def decide(self, attempt: int, *, nproc: int, nodes: int = 1, group_rank: int = 0,
-               store: Store | None = None) -> tuple[dict[str, Any], Diagnosis]:  # fmt: skip
-        """The decision on a restart after ``attempt`` failed (the record report.json keeps as the
-        attempt's ``gate``), and the verdict it was taken on."""
+               store: Store | None = None) -> tuple[GateRecord, Diagnosis]:  # fmt: skip
+        """The decision on a restart after ``attempt`` failed, and the verdict it was taken on."""
         if nodes > 1 and group_rank != 0 and store is not None:
             followed = self._follow(store, attempt)
             if followed is not None:
@@ -62,26 +61,24 @@ class RestartGate:
         outcome = outcome_of(attempt, diagnosis, evidence, config.checkpoint_dir)
         self.history.append(outcome)
         decision = policy.ask_policy(self.session.policy or policy.verified, self.history)
-        entry: dict[str, Any] = {"attempt": attempt, "policy": config.restart_policy, "failure": outcome.describe(),
-                                 "reason": decision.reason, "controls": []}  # fmt: skip
-        verification_failed = False
+        gate = GateRecord(attempt=attempt, policy=config.restart_policy, failure=outcome.describe(),
+                          reason=decision.reason)  # fmt: skip
         if decision.restart and decision.verify:
-            failed = self._verify(attempt, nproc, diagnosis, outcome, entry)
+            failed = self._verify(attempt, nproc, diagnosis, outcome, gate)
             if failed is not None:
-                verification_failed = True
+                gate.verification_failed = True
                 decision = policy.Decision(False, f"verification failed: {failed.name}: {failed.summary}")
-        entry["decision"] = "restart" if decision.restart else "refused"
-        entry["reason"] = decision.reason
-        entry["verification_failed"] = verification_failed
+        gate.decision = "restart" if decision.restart else "refused"
+        gate.reason = decision.reason
         if decision.restart:
-            entry["resume_from"] = str(controls.latest_checkpoint(config.checkpoint_dir) or "") or None
+            gate.resume_from = str(controls.latest_checkpoint(config.checkpoint_dir) or "") or None
         if nodes > 1 and store is not None:
             with self.session.guard("publishing the restart decision to the other nodes"):
-                store.set(self._key(attempt), json.dumps(entry))
-        return entry, diagnosis
+                store.set(self._key(attempt), json.dumps(gate.to_json()))
+        return gate, diagnosis
 
     def _verify(self, attempt: int, nproc: int, diagnosis: Diagnosis, outcome: AttemptOutcome,
-                entry: dict[str, Any]) -> controls.ControlResult | None:  # fmt: skip
+                gate: GateRecord) -> controls.ControlResult | None:  # fmt: skip
         """Run the controls, keep each one's output and record; the first that failed, or None."""
         config = self.session.config
         specs = list(config.verify) or controls.default_controls(config.checkpoint_dir)
@@ -100,27 +97,25 @@ class RestartGate:
                 kept: str | None = str(out_file)
             except OSError:
                 kept = None
-            entry["controls"].append(r.to_json(kept))
+            gate.controls.append(r.to_json(kept))
         return next((r for r in results if not r.passed), None)
 
     def _key(self, attempt: int) -> str:
         return f"elastic_diag/gate/{self.session.run_id}/{attempt}"
 
-    def _follow(self, store: Store, attempt: int) -> dict[str, Any] | None:
+    def _follow(self, store: Store, attempt: int) -> GateRecord | None:
         """The decision of the agent of group rank 0, or None (then this agent decides alone) when it
-        does not come within the controls' worst-case time."""
+        does not come within the controls' worst-case time, or is not a decision."""
         config = self.session.config
         wait_s = config.verify_timeout_s * (config.verify_retries + 1) * max(1, len(config.verify) or 3) + 60
         try:
             store.wait([self._key(attempt)], timedelta(seconds=wait_s))
-            entry = json.loads(store.get(self._key(attempt)))
+            gate = GateRecord.from_json(json.loads(store.get(self._key(attempt))))
         except Exception as e:
             self.session.note(f"attempt {attempt}: no restart decision from group rank 0 ({e}); decided locally")
             return None
-        if not isinstance(entry, dict):
-            return None
-        entry["decided_by"] = "group rank 0"
-        return entry
+        gate.decided_by = "group rank 0"
+        return gate
 
 
 def resume_env(session: DiagSession, attempt: int, diagnosis: Diagnosis) -> dict[str, str]:

@@ -18,8 +18,8 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Any, Protocol
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol
 
 from elastic_diag.errors import UsageError
 
@@ -145,5 +145,42 @@ def ask_policy(policy: RestartPolicy, history: Sequence[AttemptOutcome]) -> Deci
     return decision
 
 
-__all__ = ["BUILTIN_POLICIES", "DETERMINISTIC_CLASSES", "AttemptOutcome", "Decision", "RestartPolicy", "always",
-           "ask_policy", "load_policy", "never", "verified"]  # fmt: skip
+@dataclass(slots=True, kw_only=True)
+class GateRecord:
+    """The gate's decision on one failed attempt: report.json's ``attempts[].gate``, and what the agent of
+    group rank 0 publishes for the other nodes to follow."""
+
+    attempt: int
+    policy: str  # the policy's name (--diag-restart-policy)
+    failure: str  # AttemptOutcome.describe()
+    reason: str
+    decision: Literal["restart", "refused"] = "refused"
+    controls: list[dict[str, Any]] = field(default_factory=list)  # ControlResult.to_json() of each control run
+    verification_failed: bool = False
+    resume_from: str | None = None  # the checkpoint the next attempt resumes from (a restart only)
+    decided_by: str | None = None  # "group rank 0" when this node followed the leader's decision
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"attempt": self.attempt, "policy": self.policy, "failure": self.failure,
+                               "reason": self.reason, "controls": self.controls, "decision": self.decision,
+                               "verification_failed": self.verification_failed}  # fmt: skip
+        if self.decision == "restart":
+            out["resume_from"] = self.resume_from
+        if self.decided_by is not None:
+            out["decided_by"] = self.decided_by
+        return out
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> GateRecord:
+        """A record published by another node (raises KeyError / TypeError / ValueError on a bad one)."""
+        decision = data["decision"]
+        if decision not in ("restart", "refused"):
+            raise ValueError(f"decision {decision!r}")
+        return cls(attempt=int(data["attempt"]), policy=str(data["policy"]), failure=str(data["failure"]),
+                   reason=str(data["reason"]), decision=decision, controls=list(data.get("controls") or []),
+                   verification_failed=bool(data.get("verification_failed")), resume_from=data.get("resume_from"),
+                   decided_by=data.get("decided_by"))  # fmt: skip
+
+
+__all__ = ["BUILTIN_POLICIES", "DETERMINISTIC_CLASSES", "AttemptOutcome", "Decision", "GateRecord", "RestartPolicy",
+           "always", "ask_policy", "load_policy", "never", "verified"]  # fmt: skip
