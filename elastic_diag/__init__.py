@@ -17,7 +17,7 @@ __all__ = ["__version__", "elastic_launch", "heartbeat", "watch"]
 
 def elastic_launch(config: Any, entrypoint: Any, diag: Any = None) -> Any:
     """torch's ``elastic_launch(config, entrypoint)`` with the diagnosis on (imports torch lazily:
-    see :func:`elastic_diag.launcher.elastic_launch`)."""
+    see :func:`elastic_diag.launch.launcher.elastic_launch`)."""
     from elastic_diag.launch.launcher import elastic_launch as launch
 
     return launch(config, entrypoint, diag)

@@ -177,7 +177,7 @@ def test_monitored_barrier_names_the_missing_rank():
 
 
 def test_rank_lists_in_summaries_are_ranges() -> None:
-    from elastic_diag.core.classify import format_ranks
+    from elastic_diag.core.verdict import format_ranks
 
     assert format_ranks([]) == "none"
     assert format_ranks([2, 1]) == "1, 2"

@@ -14,10 +14,9 @@ import jsonschema
 import pytest
 
 from elastic_diag.core import merge as nodes
-from elastic_diag.core.classify import Diagnosis
 from elastic_diag.core.evidence import AttemptEvidence, ErrorLine, ExceptionRecord, RankEvidence, parse_stack_dump
 from elastic_diag.core.taxonomy import FAILURE_CLASSES
-from elastic_diag.core.verdict import ROLES
+from elastic_diag.core.verdict import ROLES, Diagnosis
 from elastic_diag.layout import ANALYSIS_SCHEMA, NODE_RECORD_SCHEMA, REPORT_SCHEMA
 from elastic_diag.offline.analyze import analyze_paths
 from elastic_diag.report.document import AttemptRecord, build_report

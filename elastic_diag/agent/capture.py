@@ -39,10 +39,10 @@ from elastic_diag.agent.dumps import POLL_S, native_stacks_of, request_dumps
 from elastic_diag.agent.health import HangAlarm, HealthMonitor
 from elastic_diag.agent.tailer import StreamTailer
 from elastic_diag.config import DiagConfig
-from elastic_diag.core.classify import Diagnosis, classify_attempt, straggler_warnings
+from elastic_diag.core.classify import classify_attempt, straggler_warnings
 from elastic_diag.core.evidence import AttemptEvidence, RankEvidence, as_seconds, parse_stack_dump
 from elastic_diag.core.flight_recorder import RankRecord
-from elastic_diag.core.verdict import AttemptStatus
+from elastic_diag.core.verdict import AttemptStatus, Diagnosis
 from elastic_diag.layout import (
     EXCEPTION_FILE,
     NONFINITE_FILE,

@@ -1,6 +1,6 @@
 """The agent's health monitor: a timer thread that calls a hang long before the collective timeout.
 
-Every rank's progress beacon (:mod:`elastic_diag.beacon`) rewrites ``progress.json`` twice a second.
+Every rank's progress beacon (:mod:`elastic_diag.worker.beacon`) rewrites ``progress.json`` twice a second.
 The monitor reads them on its own timer and keeps, per rank, the last time its progress changed:
 optimizer steps, ``loss.backward()`` calls, heartbeats, a watched section, or the sequence numbers
 of its collectives. A hang is called when NO running rank has made progress for the threshold while

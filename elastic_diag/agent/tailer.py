@@ -1,5 +1,5 @@
 """The launcher's line clock: every rank's stdout and stderr read as they grow, each line stamped with
-its arrival time, and each rank's first error of its own kept (:mod:`elastic_diag.error_lines`).
+its arrival time, and each rank's first error of its own kept (:mod:`elastic_diag.core.error_lines`).
 
 A daemon thread polls the files the ranks write into (``stdout.log``, ``stderr.log`` in the rank's
 folder) every :data:`POLL_S`. Reads are bounded: a rank that floods its output costs a seek, not

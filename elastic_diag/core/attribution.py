@@ -1,8 +1,8 @@
 """Attribution: which rank failed first, and why, as an ordered tuple of named rules.
 
 Each rule takes the attempt's :class:`~elastic_diag.core.context.Context` (the evidence, every rank's
-:class:`~elastic_diag.findings.RankFinding`, the comparison of the flight recorders, the ranks named
-by their peers' lines) and returns a :class:`~elastic_diag.verdict.Diagnosis` or None. The first
+:class:`~elastic_diag.core.findings.RankFinding`, the comparison of the flight recorders, the ranks named
+by their peers' lines) and returns a :class:`~elastic_diag.core.verdict.Diagnosis` or None. The first
 rule that returns one decides, and the verdict names it (``Diagnosis.rule``). The order is the
 product's contract (docs/attribution.md, where each rule has the scenario that exercises it):
 

@@ -1,11 +1,11 @@
-"""Classification: evidence in, :class:`~elastic_diag.verdict.Diagnosis` out. Pure: no torch, no I/O, no clock.
+"""Classification: evidence in, :class:`~elastic_diag.core.verdict.Diagnosis` out. Pure: no torch, no I/O, no clock.
 
 Two steps:
 
-1. :func:`~elastic_diag.findings.examine_rank` turns each rank's evidence into a finding: the
+1. :func:`~elastic_diag.core.findings.examine_rank` turns each rank's evidence into a finding: the
    signature its evidence matches, and whether it failed on its own or shows a peer's symptom.
-2. :func:`~elastic_diag.attribution.attribute` runs the ordered attribution rules
-   (:data:`~elastic_diag.attribution.RULES`, docs/attribution.md) on the findings and the comparison
+2. :func:`~elastic_diag.core.attribution.attribute` runs the ordered attribution rules
+   (:data:`~elastic_diag.core.attribution.RULES`, docs/attribution.md) on the findings and the comparison
    of the flight recorders; the first rule that names a verdict decides, and says so in ``rule``.
 
 When the evidence cannot name a rank, ``initiating_rank`` is None and the summary says why. Also here:
@@ -19,25 +19,14 @@ import statistics
 
 from elastic_diag.core.attribution import attribute, build_context
 from elastic_diag.core.evidence import AttemptEvidence
-from elastic_diag.core.findings import RankFinding, examine_rank
+from elastic_diag.core.findings import examine_rank
 from elastic_diag.core.flight_recorder import compare, lateness_samples
 from elastic_diag.core.taxonomy import Signature, Taxonomy, load_taxonomy
-from elastic_diag.core.verdict import HEALTHY, MAX_EVIDENCE_LINES, ROLES, Diagnosis, format_ranks
+from elastic_diag.core.verdict import Diagnosis
 
 RECEIVED_TOO_MUCH = "gloo-received-size-mismatch"
 
-__all__ = [
-    "HEALTHY",
-    "MAX_EVIDENCE_LINES",
-    "ROLES",
-    "Diagnosis",
-    "RankFinding",
-    "classify_attempt",
-    "classify_launch_error",
-    "examine_rank",
-    "format_ranks",
-    "straggler_warnings",
-]
+__all__ = ["classify_attempt", "classify_launch_error", "straggler_warnings"]
 
 
 def classify_attempt(

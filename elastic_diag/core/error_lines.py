@@ -4,7 +4,7 @@ Many scripts catch an exception, log it (``logging.exception``, ``traceback.prin
 framework's logger), spend seconds cleaning up (a checkpoint, a flush), then re-raise: the
 excepthook fires after the peers have already failed waiting for this rank. The printed traceback is
 when the failure began. The launcher reads each rank's stdout and stderr as they grow
-(:mod:`elastic_diag.tailer`) and feeds every line here with its arrival time; :class:`ErrorScanner`
+(:mod:`elastic_diag.agent.tailer`) and feeds every line here with its arrival time; :class:`ErrorScanner`
 keeps the first error that is the rank's own:
 
 * a traceback (``Traceback (most recent call last):`` ... ``SomeError: message``, chained ones and
@@ -17,7 +17,7 @@ keeps the first error that is the rank's own:
 
 The time of the line is its arrival, or the timestamp it carries (a logging ``asctime``, a glog
 header) when that is earlier and plausible: output that sat in a buffer arrives late, never early.
-Pure: lines and times in, an :class:`~elastic_diag.evidence.ErrorLine` out; no torch, no I/O.
+Pure: lines and times in, an :class:`~elastic_diag.core.evidence.ErrorLine` out; no torch, no I/O.
 """
 
 from __future__ import annotations

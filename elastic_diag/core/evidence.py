@@ -1,6 +1,6 @@
 """Evidence records: what is known about one rank of one attempt, as plain frozen data.
 
-Built by the agent (live) or by the log readers (offline) and handed to :mod:`elastic_diag.classify`.
+Built by the agent (live) or by the log readers (offline) and handed to :mod:`elastic_diag.core.classify`.
 Also the parser of faulthandler stack dumps, which decides whether a rank's main thread was inside
 a collective. No torch import, no I/O.
 """

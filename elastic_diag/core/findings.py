@@ -1,5 +1,5 @@
 """What one rank's own evidence says about it: :func:`examine_rank` turns a
-:class:`~elastic_diag.evidence.RankEvidence` into a :class:`RankFinding`.
+:class:`~elastic_diag.core.evidence.RankEvidence` into a :class:`RankFinding`.
 
 A finding says which signature the rank's evidence matches (an exception type or one of its bases,
 a fatal signal, a line of its output) and whether the rank **failed on its own** (``own``) or only

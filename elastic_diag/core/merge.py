@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from elastic_diag.core.classify import Diagnosis, classify_attempt
+from elastic_diag.core.classify import classify_attempt
 from elastic_diag.core.error_lines import error_line_from_json, error_line_to_json
 from elastic_diag.core.evidence import (
     AttemptEvidence,
@@ -33,7 +33,7 @@ from elastic_diag.core.evidence import (
     exception_to_json,
     parse_stack_dump,
 )
-from elastic_diag.core.verdict import Role, as_role
+from elastic_diag.core.verdict import Diagnosis, Role, as_role
 from elastic_diag.layout import NODE_RECORD_SCHEMA, NODE_VERDICT_SCHEMA
 
 SCHEMA = NODE_RECORD_SCHEMA

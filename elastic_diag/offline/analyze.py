@@ -19,7 +19,6 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
-from elastic_diag.core.classify import format_ranks
 from elastic_diag.core.evidence import (
     ExceptionRecord,
 )
@@ -33,6 +32,7 @@ from elastic_diag.core.log_lines import (
     rank_from_path,
 )
 from elastic_diag.core.taxonomy import Taxonomy, load_taxonomy
+from elastic_diag.core.verdict import format_ranks
 from elastic_diag.layout import (
     ENV_NO_GREP,
     ERROR_FILE,

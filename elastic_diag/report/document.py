@@ -13,9 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from elastic_diag.core.classify import Diagnosis
 from elastic_diag.core.evidence import AttemptEvidence, RankEvidence
-from elastic_diag.core.verdict import AttemptStatus
+from elastic_diag.core.verdict import AttemptStatus, Diagnosis
 from elastic_diag.layout import REPORT_SCHEMA
 
 SCHEMA = REPORT_SCHEMA

@@ -26,7 +26,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from elastic_diag.core.classify import format_ranks
+from elastic_diag.core.verdict import format_ranks
 from elastic_diag.layout import HTML_FILE, REPORT_FILE
 from elastic_diag.report.document import write_text_atomic
 from elastic_diag.report.rank_story import Group, RankRow, group_rows, integer, num, rank_rows, text

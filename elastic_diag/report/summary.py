@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from elastic_diag.core.classify import format_ranks
+from elastic_diag.core.verdict import format_ranks
 from elastic_diag.layout import HTML_FILE
 from elastic_diag.report.rank_story import group_rows, rank_rows, short_location
 from elastic_diag.report.terminal import ROLE_STYLE, Paint, is_tty, table, wants_colour

@@ -16,7 +16,7 @@ The launcher puts ``elastic_diag/worker/_boot`` first on each worker's ``PYTHONP
   or whose message is megabytes long, is recorded with what can be said of it;
 * wraps :data:`threading.excepthook` to record the first uncaught exception of another thread in
   ``thread_exception.json`` (a prefetch thread that dies leaves its main thread waiting forever);
-* starts the progress beacon (:mod:`elastic_diag.beacon`) that the agent's health monitor reads,
+* starts the progress beacon (:mod:`elastic_diag.worker.beacon`) that the agent's health monitor reads,
   and writes the flight recorder's entries when the rank dies of an exception or exits;
 * removes its own variables from the environment, so that subprocesses of the rank do not write
   into the rank's evidence.
