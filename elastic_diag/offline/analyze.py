@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import shutil
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -24,9 +23,7 @@ from elastic_diag.core.evidence import (
 )
 from elastic_diag.core.log_lines import (
     SummaryParser,
-    message_rank,
     parse_deepspeed_exit,
-    parse_deepspeed_mapping,
     parse_failed_line,
     parse_line,
     rank_from_path,
@@ -46,21 +43,23 @@ from elastic_diag.layout import (
     read_json,
     read_tail,
 )
-from elastic_diag.offline.files import ANCHORS, MAPPING_ANCHORS, candidate_lines, grep_batches, is_binary, iter_files
+from elastic_diag.offline.files import (
+    ANCHORS,
+    CHUNK,
+    MAPPING_ANCHORS,
+    candidate_lines,
+    grep_batches,
+    is_binary,
+    iter_files,
+)
+from elastic_diag.offline.ranks import RankResolver
 from elastic_diag.offline.reconcile import reconcile
 from elastic_diag.offline.records import EXC_LINE, TAIL_LINES, Analysis, Hit, LogFacts, RankLog
 from elastic_diag.report.terminal import Paint
 
-CHUNK = 4 << 20
 MAX_LINE = 64 * 1024  # longer lines are cut before matching
 MAX_HITS_PER_RANK = 64
 CONTEXT_LINES = 100
-_RANK_PREFIX = re.compile(rb"^(?:([a-z0-9][a-z0-9.-]*\d[a-z0-9.-]*): )?\[(rank|default)(\d+)\]:", re.M)
-_BOTH_PREFIXES = re.compile(rb"^(?:([a-z0-9][a-z0-9.-]*\d[a-z0-9.-]*): )?\[default(\d+)\]:\[rank(\d+)\]:", re.M)
-_SUMMARY_RANK = re.compile(rb"rank\s+: (\d+) \(local_rank: (\d+)\)")
-_CLOSING = re.compile(r"Sending process (\d+) closing signal")
-_NCCL_RANK = re.compile(r"NCCL INFO .*?\brank (\d+) n[Rr]anks \d+")
-_PID = re.compile(r"\bpid[=: ]\s?(\d{2,})\b")
 
 
 # --- walking the paths ---------------------------------------------------------------------------
@@ -79,11 +78,9 @@ class Analyzer:
         self.taxonomy = taxonomy or load_taxonomy()
         self.facts = LogFacts()
         self.summary = SummaryParser()
-        self.anchors: tuple[bytes, ...] = ANCHORS
-        self.mapping_only = False
         self.use_grep = os.environ.get(ENV_NO_GREP, "") in ("", "0") and shutil.which("grep") is not None
         self.progress: Callable[[str], None] = lambda _text: None
-        self._local_offsets: dict[str | None, int] = {}
+        self.resolver = RankResolver(self.facts)
         self._order = 0
 
     @property
@@ -162,19 +159,16 @@ class Analyzer:
 
     def _mapping_pass(self) -> None:
         """Second pass over the text files, for the lines that map pids / local ranks to ranks."""
-        self.anchors, self.mapping_only = MAPPING_ANCHORS, True
         try:
             for idx, name in enumerate(self.facts.files):
                 with open(name, "rb") as fp:
                     file_rank = rank_from_path(name)
                     head = fp.read(8192)
-                    self._local_offsets = self._learn_local_offsets(fp, head) if file_rank is None else {}
+                    self.resolver.start_file(fp, head, file_rank)
                     fp.seek(0)
-                    self._scan(fp, idx, file_rank)
+                    self._scan(fp, idx, file_rank, self._map_chunk)
         except OSError as e:
             self.facts.skipped.append(f"second pass: {e.strerror or e}")
-        finally:
-            self.anchors, self.mapping_only = ANCHORS, False
 
     def add_file(self, path: Path) -> None:
         if path.name in (EXCEPTION_FILE, ERROR_FILE):
@@ -196,9 +190,9 @@ class Analyzer:
             idx = len(self.facts.files)
             self.facts.files.append(str(path))
             file_rank = rank_from_path(path)
-            self._local_offsets = self._learn_local_offsets(fp, head) if file_rank is None else {}
+            self.resolver.start_file(fp, head, file_rank)
             fp.seek(0)
-            self._scan(fp, idx, file_rank)
+            self._scan(fp, idx, file_rank, self._read_chunk)
         if file_rank is not None:
             self._tail(path, file_rank)
 
@@ -217,34 +211,10 @@ class Analyzer:
         self.facts.files.append(str(path))
         return True
 
-    def _learn_local_offsets(self, fp: Any, head: bytes) -> dict[str | None, int]:
-        """torchrun's ``[defaultN]:`` is a LOCAL rank: per host prefix (None: none), global - local,
-        learnt from lines that carry both ``[defaultL]:`` and ``[rankG]:``, or torchrun's summary
-        (``rank : 10 (local_rank: 2)``). Only for files that have such prefixes at all."""
-        if b"[default" not in head:
-            return {}
-        found: dict[str | None, set[int]] = {}
-        fp.seek(0)
-        carry = b""
-        while block := fp.read(CHUNK):
-            data = carry + block
-            cut = data.rfind(b"\n") + 1
-            chunk, carry = data[:cut], data[cut:]
-            for m in _BOTH_PREFIXES.finditer(chunk):
-                host = m.group(1).decode(errors="replace") if m.group(1) else None
-                found.setdefault(host, set()).add(int(m.group(3)) - int(m.group(2)))
-            for m in _SUMMARY_RANK.finditer(chunk):
-                found.setdefault(None, set()).add(int(m.group(1)) - int(m.group(2)))
-        # an offset is used only when it is the only one seen for that host
-        return {host: next(iter(v)) for host, v in found.items() if len(v) == 1}
-
-    def _global_rank(self, parsed: Any) -> int | None:
-        if parsed.rank is None or not parsed.local:
-            return parsed.rank  # type: ignore[no-any-return]
-        offset = self._local_offsets.get(parsed.host, self._local_offsets.get(None, 0))
-        return int(parsed.rank) + offset
-
-    def _scan(self, fp: Any, idx: int, file_rank: int | None) -> None:
+    def _scan(
+        self, fp: Any, idx: int, file_rank: int | None, on_chunk: Callable[[bytes, int, int, int | None], None]
+    ) -> None:
+        """The file in chunks of whole lines (a giant line is cut), each given to ``on_chunk``."""
         carry = b""
         base = 0
         while True:
@@ -259,29 +229,24 @@ class Analyzer:
             if cut < 0:
                 cut = len(data) - 1  # a giant line: cut it
             chunk, carry = data[: cut + 1], data[cut + 1 :]
-            self._scan_chunk(chunk, base, idx, file_rank)
+            on_chunk(chunk, base, idx, file_rank)
             base += len(chunk)
         if carry:
-            self._scan_chunk(carry + b"\n", base, idx, file_rank)
+            on_chunk(carry + b"\n", base, idx, file_rank)
 
-    def _scan_chunk(self, chunk: bytes, base: int, idx: int, file_rank: int | None) -> None:
-        if self.mapping_only:
-            for start in candidate_lines(chunk, self.anchors):
-                end = chunk.find(b"\n", start)
-                self._map_line(chunk[start : min(end if end >= 0 else len(chunk), start + MAX_LINE)], file_rank)
-            return
-        if file_rank is None:
-            for m in _RANK_PREFIX.finditer(chunk):
-                host = m.group(1).decode(errors="replace") if m.group(1) else None
-                local = m.group(2) == b"default"
-                offset = self._local_offsets.get(host, self._local_offsets.get(None, 0)) if local else 0
-                self.facts.rank(int(m.group(3)) + offset).lines += 1
-        elif chunk:
-            self.facts.rank(file_rank).lines += 1  # "printed something" is all that is used
+    def _map_chunk(self, chunk: bytes, base: int, idx: int, file_rank: int | None) -> None:
+        """The second pass: only the lines that map pids and local ranks to ranks."""
+        for start in candidate_lines(chunk, MAPPING_ANCHORS):
+            end = chunk.find(b"\n", start)
+            self._map_line(chunk[start : min(end if end >= 0 else len(chunk), start + MAX_LINE)], file_rank)
+
+    def _read_chunk(self, chunk: bytes, base: int, idx: int, file_rank: int | None) -> None:
+        """The first pass: who printed, torchrun's summary, and every candidate line."""
+        self.resolver.count_lines(chunk, file_rank)
         summary_at = chunk.find(b"ChildFailedError") if not self.summary.active else 0
         if summary_at >= 0:
             self._feed_summary(chunk, summary_at)
-        for start in candidate_lines(chunk, self.anchors):
+        for start in candidate_lines(chunk, ANCHORS):
             end = chunk.find(b"\n", start)
             end = len(chunk) if end < 0 else end
             raw = chunk[start : min(end, start + MAX_LINE)].decode("utf-8", errors="replace")
@@ -290,28 +255,7 @@ class Analyzer:
     def _map_line(self, raw: bytes, file_rank: int | None) -> None:
         parsed = parse_line(raw.decode("utf-8", errors="replace"))
         text = parsed.text.strip()
-        self._record_mappings(parsed, text, self._line_rank(parsed, text, file_rank))
-
-    def _line_rank(self, parsed: Any, text: str, file_rank: int | None) -> int | None:
-        """The line's global rank: its prefix, else its file's, else a default-group [Rank N] in it."""
-        rank = self._global_rank(parsed)
-        if rank is None:
-            rank = file_rank
-        return rank if rank is not None else message_rank(text)
-
-    def _record_mappings(self, parsed: Any, text: str, rank: int | None) -> None:
-        """What a line tells about which process is which rank (both passes use it)."""
-        if parsed.pid is not None and (nm := _NCCL_RANK.search(text)):
-            self.facts.pids.setdefault(parsed.pid, int(nm.group(1)))
-        if rank is not None:
-            if parsed.pid is not None:
-                self.facts.pids.setdefault(parsed.pid, rank)
-            for pm in _PID.finditer(text):
-                self.facts.pids.setdefault(int(pm.group(1)), rank)
-        if "global_rank_mapping" in text:
-            self.facts.ds_mapping.update(parse_deepspeed_mapping(text) or {})
-        if "closing signal" in text and (cm := _CLOSING.search(text)):
-            self.facts.sigtermed.add(int(cm.group(1)))
+        self.resolver.record_mappings(parsed, text, self.resolver.line_rank(parsed, text, file_rank))
 
     def _feed_summary(self, chunk: bytes, start: int) -> None:
         """torchrun's failure summary: every line of it, from ChildFailedError on (it is short)."""
@@ -330,8 +274,8 @@ class Analyzer:
         ds_exit = parse_deepspeed_exit(text) if "exits with return code" in text else None
         if ds_exit is not None:
             self.facts.ds_exits.append((parsed.host, ds_exit[0], ds_exit[1]))
-        rank = self._line_rank(parsed, text, file_rank)
-        self._record_mappings(parsed, text, rank)
+        rank = self.resolver.line_rank(parsed, text, file_rank)
+        self.resolver.record_mappings(parsed, text, rank)
         self._order += 1
         exc = EXC_LINE.match(text)
         hits = []

@@ -12,6 +12,8 @@ from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+CHUNK = 4 << 20  # files are read in blocks of this size, cut at the last line break
+
 # The prefilter: a line is looked at only if it contains one of these. Each costs one C-level pass
 # (bytes.find, 1.3 to 2 GB/s here), so they are few and long; a test checks that every signature's
 # example lines contain one. Exception lines ("...Error: ", "...Exception"), NCCL WARN lines, the
