@@ -27,8 +27,8 @@ def _module_name(path: Path) -> str:
 
 
 MODULES = sorted(_module_name(p) for p in PACKAGE.rglob("*.py") if "_boot" not in p.parts and p.name != "__main__.py")
-# the modules that import torch when they are imported: torch's agent, LogsSpecs, launcher and rendezvous
-# classes are their base classes. Everything else imports without torch (the promise covers the core, the
+# the modules that import torch when they are imported: they are built on torch's elastic agent, LogsSpecs,
+# launcher and rendezvous classes. Everything else imports without torch (the promise covers the core, the
 # offline analyzer and the reports; the rest of the agent, the worker and the gate import torch lazily).
 NEEDS_TORCH = {"elastic_diag.agent.agent", "elastic_diag.agent.capture", "elastic_diag.agent.logs_specs",
                "elastic_diag.capture", "elastic_diag.launch.launcher", "elastic_diag.launch.rendezvous",
