@@ -2,7 +2,7 @@
 
     python benchmarks/merge.py [--nodes 1024] [--ranks-per-node 8]
 
-Builds every node's failure record as its agent would publish it (elastic_diag.nodes.record_of):
+Builds every node's failure record as its agent would publish it (elastic_diag.core.merge.record_of):
 every rank of every node timed out in an NCCL collective (the watchdog line, a stack), except the
 culprit (node 613, local rank 5), which died of a CUDA out-of-memory error a second earlier. Then,
 as every agent does after a failure: parse every node's record (JSON as read from the store) and
