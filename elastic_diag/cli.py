@@ -14,7 +14,7 @@ import sys
 import textwrap
 from collections.abc import Sequence
 
-from elastic_diag.errors import EXIT_OK, EXIT_USAGE, ElasticDiagError
+from elastic_diag.errors import EXIT_FAILED, EXIT_OK, EXIT_USAGE, ElasticDiagError
 
 
 def explain_text(sid: str) -> str:
@@ -85,7 +85,10 @@ def _cmd_analyze(args: argparse.Namespace) -> int:
         print(json.dumps(analysis.to_json(), indent=2))
     else:
         print(format_analysis(analysis, Paint(wants_colour(sys.stdout))))
-    return EXIT_OK
+    if not analysis.files:
+        print(f"elastic-diag: error: nothing readable in {', '.join(args.paths)}", file=sys.stderr)
+        return EXIT_USAGE
+    return EXIT_FAILED if analysis.failure_seen else EXIT_OK
 
 
 def _cmd_report(args: argparse.Namespace) -> int:

@@ -162,7 +162,7 @@ def test_cli_json_and_missing_path(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     p = subprocess.run([sys.executable, "-m", "elastic_diag.cli", "analyze", "--json", str(RUNS / "diag_hang")],
                        capture_output=True, text=True, timeout=60, env=env)  # fmt: skip
-    assert p.returncode == 0, p.stderr
+    assert p.returncode == 1, p.stderr  # a failure was diagnosed
     out = json.loads(p.stdout)
     assert out["schema"] == "elastic_diag.analysis/1"
     assert out["diagnosis"]["initiating_rank"] == 2 and {r["rank"] for r in out["ranks"]} == {0, 1, 2, 3}
@@ -202,3 +202,73 @@ def test_local_rank_prefixes_of_two_nodes_are_not_merged():
     a = analyze_paths([FIXTURES / "logs" / "74_two_node_consoles_local_prefixes_rank6"])
     assert sorted(a.ranks) == list(range(8))
     assert a.diagnosis.collateral_ranks == (0, 1, 2, 3, 4, 5, 7)
+
+
+# --- never "healthy" on a failure; healthy only when the run ended well --------------------------------
+
+ROOT_CAUSE_ONLY = """\
+[2024-11-05 10:11:03,112] torch.distributed.elastic.multiprocessing.api: [ERROR] failed (exitcode: -6) \
+local_rank: 0 (pid: 4242) of binary: /usr/bin/python
+torch.distributed.elastic.multiprocessing.errors.ChildFailedError:
+============================================================
+train.py FAILED
+------------------------------------------------------------
+Root Cause (first observed failure):
+[0]:
+  time      : 2024-11-05_10:11:03
+  host      : gpu-node-1
+  rank      : 0 (local_rank: 0)
+  exitcode  : -6 (pid: 4242)
+  error_file: <N/A>
+  traceback : Signal 6 (SIGABRT) received by PID 4242
+============================================================
+"""
+
+
+@pytest.mark.parametrize(
+    "text, cls",
+    [
+        ("epoch 1 step 100 loss 2.31\nSegmentation fault (core dumped)\n", "segfault"),
+        ("torch.distributed.DistStoreError: Socket Timeout\n", "rendezvous_timeout"),
+        ("torch.distributed.DistStoreError: Timed out after 901 seconds waiting for clients. 1/2 clients joined.\n",
+         "rendezvous_timeout"),
+        ("slurmstepd: error: Detected 1 oom-kill event(s) in StepId=4242.0. Some of your processes may have been "
+         "killed by the cgroup out-of-memory handler.\n", "host_oom"),
+        ("[W socket.cpp:436] [c10d] The server socket has failed to bind to [::]:29500 (errno: 98).\n",
+         "port_conflict"),
+        ("step 10 loss 1.2\nKilled\n", "killed"),
+        (ROOT_CAUSE_ONLY, "abort"),
+    ],
+    ids=["segfault-line", "store-socket-timeout", "store-waiting-for-clients", "slurm-oom-event", "errno-98",
+         "bare-killed", "root-cause-sigabrt"],
+)  # fmt: skip
+def test_a_log_that_shows_a_failure_is_never_healthy(tmp_path, text, cls):
+    (tmp_path / "console.log").write_text(text)
+    a = analyze_paths([tmp_path])
+    assert a.diagnosis.failure_class == cls, format_analysis(a)
+    assert a.failure_seen and a.diagnosis.summary
+
+
+def test_healthy_only_when_the_run_says_it_ended_well(tmp_path):
+    log = tmp_path / "console.log"
+    log.write_text("[default0]:epoch 1 step 100 loss 2.31\n[default1]:epoch 1 step 100 loss 2.30\n")
+    cut = analyze_paths([tmp_path])
+    assert cut.diagnosis.failure_class == "unknown" and not cut.failure_seen
+    assert "nothing in them says the run ended well" in cut.diagnosis.summary
+    with log.open("a") as fp:
+        fp.write("I0115 09:41:15.003000 2201 torch/distributed/elastic/agent/server/api.py:879] [default] worker "
+                 "group successfully finished. Waiting 300 seconds for other agents to finish.\n")  # fmt: skip
+    done = analyze_paths([tmp_path])
+    assert done.diagnosis.failure_class == "healthy" and not done.failure_seen
+    assert "worker group successfully finished" in done.diagnosis.evidence[0]
+
+
+def test_exit_status_says_whether_a_failure_was_found(tmp_path):
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    cli = [sys.executable, "-m", "elastic_diag", "analyze"]
+    healthy = subprocess.run([*cli, str(FIXTURES / "logs" / "70_healthy_torchrun_console")], capture_output=True,
+                             text=True, timeout=60, env=env)  # fmt: skip
+    assert healthy.returncode == 0 and "healthy" in healthy.stdout
+    (tmp_path / "core").write_bytes(b"\x7fELF" + bytes(range(256)) * 64)
+    unreadable = subprocess.run([*cli, str(tmp_path)], capture_output=True, text=True, timeout=60, env=env)
+    assert unreadable.returncode == 2 and "nothing readable" in unreadable.stderr

@@ -265,3 +265,31 @@ def parse_deepspeed_exit(text: str) -> tuple[int, int] | None:
     """DeepSpeed's ``[... '--local_rank=3' ...] exits with return code = -9``: (local rank, code)."""
     m = _DS_EXIT.search(text)
     return (int(m["local"]), int(m["code"])) if m else None
+
+
+# --- the end of a run, read from its logs ----------------------------------------------------------
+# Any of these in a log is evidence that something failed, whatever else the logs say: the offline
+# verdict is then never "healthy" (at least "unknown", with the lines). Checked on the candidate lines.
+_FAILURE_EVIDENCE = re.compile(
+    r"Traceback \(most recent call last\)|\bexit ?code\s*[:=]?\s*-?[1-9]|exits with return code =? ?-?[1-9]"
+    r"|Signal \d+ \(SIG[A-Z]+\) received|\bKilled\b|Segmentation fault|core dumped|Watchdog caught|\btimed out\b"
+    r"|ChildFailedError|DistStoreError|RendezvousTimeoutError|Out Of Memory|oom-kill|out of memory|\bAborted\b"
+    r"|returned non-zero exit status|^\s*(?:[\w.]+\.)?[A-Z]\w*(?:Error|Exception)(?::|$)"
+)
+# What a run that ended well prints last: torch's agent, DeepSpeed's launcher, HF Trainer, Lightning,
+# elastic_diag's own report. Read from the end of each file.
+_COMPLETION = re.compile(
+    r"worker group successfully finished|Local worker group finished \(WorkerState\.SUCCEEDED\)"
+    r"|exits successfully\.?$|Training completed\. Do not forget|`Trainer\.fit` stopped: `max_(?:epochs|steps)="
+    r"|\bexit(?:ed)? with (?:exit )?(?:code|status) 0\b"
+)
+
+
+def failure_evidence(text: str) -> bool:
+    """The line shows a failure of some kind (an exception, a non-zero exit, a signal, a kill, a timeout)."""
+    return _FAILURE_EVIDENCE.search(text) is not None
+
+
+def completion_line(text: str) -> bool:
+    """The line says the run (or this node's part of it) ended well."""
+    return _COMPLETION.search(text) is not None

@@ -23,6 +23,8 @@ from elastic_diag.core.evidence import (
 )
 from elastic_diag.core.log_lines import (
     SummaryParser,
+    completion_line,
+    failure_evidence,
     parse_deepspeed_exit,
     parse_failed_line,
     parse_line,
@@ -54,7 +56,7 @@ from elastic_diag.offline.files import (
 )
 from elastic_diag.offline.ranks import RankResolver
 from elastic_diag.offline.reconcile import reconcile
-from elastic_diag.offline.records import EXC_LINE, TAIL_LINES, Analysis, Hit, LogFacts, RankLog
+from elastic_diag.offline.records import EXC_LINE, MAX_FAILURE_LINES, TAIL_LINES, Analysis, Hit, LogFacts, RankLog
 from elastic_diag.report.terminal import Paint
 
 MAX_LINE = 64 * 1024  # longer lines are cut before matching
@@ -155,6 +157,7 @@ class Analyzer:
                 if any(a in line for a in ANCHORS):
                     self._line(line[:MAX_LINE].decode("utf-8", errors="replace"), offset, idx, file_rank)
             self._tail(f, file_rank)
+            self._note_completion(f)
             done.add(f)
 
     def _mapping_pass(self) -> None:
@@ -195,6 +198,15 @@ class Analyzer:
             self._scan(fp, idx, file_rank, self._read_chunk)
         if file_rank is not None:
             self._tail(path, file_rank)
+        self._note_completion(path)
+
+    def _note_completion(self, path: Path) -> None:
+        """A line near the end of the file that says the run ended well."""
+        for line in read_tail(path, 200, newline_only=True):
+            text = parse_line(line).text.strip()
+            if completion_line(text):
+                self.facts.completion_lines.append(text[:500])
+                return
 
     def _add_flight_record(self, path: Path) -> bool:
         """A flight-recorder dump (torch's JSON or pickle, or elastic_diag's fr_trace.json); False when
@@ -268,6 +280,8 @@ class Analyzer:
     def _line(self, raw: str, offset: int, idx: int, file_rank: int | None) -> None:
         parsed = parse_line(raw)
         text = parsed.text.strip()
+        if len(self.facts.failure_lines) < MAX_FAILURE_LINES and failure_evidence(text):
+            self.facts.failure_lines.append(text[:2000])
         failed = parse_failed_line(text)
         if failed:
             self.facts.failed_lines.append(failed)
@@ -326,6 +340,8 @@ class Analyzer:
             return
         if not isinstance(data, dict) or data.get("schema") != REPORT_SCHEMA or path.parent.name.startswith("attempt_"):
             return
+        if data.get("status") == "succeeded":
+            self.facts.completion_lines.append(f"{path}: status succeeded")
         for entry in data.get("ranks") or []:
             if not isinstance(entry, dict) or not isinstance(entry.get("rank"), int):
                 continue

@@ -19,7 +19,8 @@ CHUNK = 4 << 20  # files are read in blocks of this size, cut at the last line b
 # example lines contain one. Exception lines ("...Error: ", "...Exception"), NCCL WARN lines, the
 # watchdog's, timeouts, kills, exits and signals, NaN lines, NCCL's desync report, kernel Xid lines.
 ANCHORS = (b"rror", b"xception", b"WARN", b"atchdog", b"imed out", b"illed", b"xit", b"ignal", b" nan",
-           b"finite", b" join", b"Xid (", b"nterrupt", b"egmentation", b"preamble")  # fmt: skip
+           b"finite", b" join", b"Xid (", b"nterrupt", b"egmentation", b"preamble", b"rrno",
+           b"ore dumped", b"oom-kill", b"Out Of Memory")  # fmt: skip
 # Lines that only map a pid or a local rank to a global rank: read in a second pass, and only when
 # some error line needs such a mapping (raw NCCL lines, kernel OOM lines, DeepSpeed exits).
 MAPPING_ANCHORS = (b"pid", b"nranks", b"nRanks", b"rank_mapping", b"closing signal")

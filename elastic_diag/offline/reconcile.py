@@ -15,7 +15,7 @@ from elastic_diag.core.evidence import AttemptEvidence, ExceptionRecord, RankEvi
 from elastic_diag.core.log_lines import SummaryFailure
 from elastic_diag.core.taxonomy import Signature, Taxonomy
 from elastic_diag.core.verdict import Diagnosis
-from elastic_diag.offline.records import EXC_LINE, Analysis, Hit, LogFacts, RankLog, distinct
+from elastic_diag.offline.records import EXC_LINE, MAX_FAILURE_LINES, Analysis, Hit, LogFacts, RankLog, distinct
 
 _WATCHDOG = re.compile(r"WorkNCCL\(SeqNum=(?P<seq>\d+), OpType=(?P<op>\w+)")
 
@@ -40,16 +40,16 @@ def reconcile(facts: LogFacts, taxonomy: Taxonomy) -> Analysis:
     if not facts.ranks and facts.unranked:
         diagnosis = _unranked_diagnosis(facts.unranked)
     elif not any(r.failed for r in evidence.ranks) and not facts.unranked and not facts.flight_records:
-        diagnosis = Diagnosis(
-            failure_class="healthy",
-            summary="No rank reported an error in these logs.",
-            roles={r: "healthy" for r in facts.ranks},
-        )
+        diagnosis = _no_rank_failed(facts)
     else:
         diagnosis = classify_attempt(evidence, taxonomy, extra_votes=_schedule_votes(facts, taxonomy))
+        if diagnosis.failure_class == "healthy":
+            diagnosis = _no_rank_failed(facts)
     decisive = _decisive(facts, diagnosis)
+    seen = diagnosis.failure_class != "healthy" and (diagnosis.failure_class != "unknown" or bool(facts.failure_lines)
+                                                     or any(r.failed for r in evidence.ranks))  # fmt: skip
     return Analysis(diagnosis=diagnosis, ranks=facts.ranks, files=facts.files, skipped=facts.skipped,
-                    context=[], torchrun_root=root, decisive=decisive)  # fmt: skip
+                    context=[], torchrun_root=root, decisive=decisive, failure_seen=seen)  # fmt: skip
 
 
 def _apply_summary(facts: LogFacts, failures: list[SummaryFailure]) -> None:
@@ -187,4 +187,37 @@ def _unranked_diagnosis(hits: list[Hit]) -> Diagnosis:
         fix=sig.fix,
         verify=sig.verify,
         retryable=sig.retryable,
+    )
+
+
+def _no_rank_failed(facts: LogFacts) -> Diagnosis:
+    """No rank can be seen failing. ``healthy`` only when the logs say the run ended well and nothing in
+    them shows a failure; a failure seen in lines no rule could use is ``unknown``, with those lines."""
+    if facts.failure_lines:
+        lines = tuple(facts.failure_lines[:MAX_FAILURE_LINES])
+        return Diagnosis(
+            failure_class="unknown",
+            summary=(
+                f"The logs show a failure ({lines[0][:200]}), but no rank can be named: no line of it says "
+                "which rank failed or when, and no rank's own error is in these files. Add every rank's output "
+                "(torchrun --tee 3, or the --log-dir folder) to tell the rank that failed first."
+            ),
+            evidence=lines,
+            roles={r: "unknown" for r in facts.ranks},
+        )
+    if not facts.completion_lines:
+        return Diagnosis(
+            failure_class="unknown",
+            summary=(
+                "No rank reported an error in these logs, but nothing in them says the run ended well either "
+                "(no completion line from torchrun's agent, the launcher or the training loop): the logs may "
+                "be cut, or the job may still be running."
+            ),
+            roles={r: "unknown" for r in facts.ranks},
+        )
+    return Diagnosis(
+        failure_class="healthy",
+        summary=f"No rank reported an error in these logs, and the run ended well ({facts.completion_lines[0][:200]}).",
+        evidence=tuple(facts.completion_lines[:2]),
+        roles={r: "healthy" for r in facts.ranks},
     )

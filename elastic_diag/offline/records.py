@@ -20,6 +20,7 @@ from elastic_diag.layout import ANALYSIS_SCHEMA
 
 SCHEMA = ANALYSIS_SCHEMA
 TAIL_LINES = 20
+MAX_FAILURE_LINES = 8
 # an exception's last line: `module.SomeError: message` (shared by the reader and the reconciler)
 EXC_LINE = re.compile(
     r"^(?P<type>(?:[A-Za-z_][\w]*\.)*[A-Z]\w*(?:Error|Exception|Interrupt|Exit))(?::\s?(?P<msg>.*))?$"
@@ -67,6 +68,8 @@ class LogFacts:
     pid_hits: list[tuple[int, Hit]] = field(default_factory=list)  # error lines known only by a pid
     ds_exits: list[tuple[str | None, int, int]] = field(default_factory=list)  # DeepSpeed: (host, local rank, exit)
     flight_records: dict[int, RankRecord] = field(default_factory=dict)
+    failure_lines: list[str] = field(default_factory=list)  # lines that show a failure (the first few)
+    completion_lines: list[str] = field(default_factory=list)  # lines that say the run ended well
 
     def rank(self, r: int) -> RankLog:
         if r not in self.ranks:
@@ -83,6 +86,7 @@ class Analysis:
     context: list[str]
     torchrun_root: int | None
     decisive: Hit | None
+    failure_seen: bool = True  # the logs show a failure (False: healthy, or no failure and no sign of the end)
 
     def to_json(self) -> dict[str, Any]:
         roles = self.diagnosis.roles
