@@ -176,11 +176,21 @@ def test_cli_json_and_missing_path(tmp_path):
 LOG_FIXTURES = sorted((FIXTURES / "logs").glob("*/expected.json"))
 
 
-@pytest.mark.parametrize("expected_file", LOG_FIXTURES, ids=[p.parent.name for p in LOG_FIXTURES])
-def test_public_report_fixtures(expected_file):
+def _fixture_param(path: Path) -> object:
+    """A fixture the analyzer gets wrong today says so (``known_gap`` in its expected.json): it is an
+    expected failure, and a strict one, so the day it passes the gap is closed in the data too."""
+    gap = json.loads(path.read_text()).get("known_gap")
+    marks = [pytest.mark.xfail(strict=True, reason=f"known gap: {gap}")] if gap else []
+    return pytest.param(path, id=path.parent.name, marks=marks)
+
+
+@pytest.mark.parametrize("expected_file", [_fixture_param(p) for p in LOG_FIXTURES])
+def test_public_report_fixtures(expected_file, record_property):
     expected = json.loads(expected_file.read_text())
     a = analyze_paths([expected_file.parent])
     got = (a.diagnosis.initiating_rank, a.diagnosis.failure_class)
+    # read by conftest.py's terminal summary: the score of the analyzer on the whole corpus
+    record_property("fixture_score", [got[0] == expected["initiating_rank"], got[1] == expected["failure_class"]])
     assert got == (expected["initiating_rank"], expected["failure_class"]), (
         f"{expected_file.parent.name}: {expected.get('why')}\n{format_analysis(a)}"
     )

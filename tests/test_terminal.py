@@ -113,5 +113,5 @@ def test_analyze_in_a_real_terminal_and_in_a_pipe():
     assert "\x1b[1;31melastic-diag analyze:" in on_tty, on_tty
     assert "\r\x1b[Kelastic-diag analyze" in on_tty  # the progress line, then cleared
     piped = subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False)
-    assert piped.returncode == 0 and "\x1b" not in piped.stdout + piped.stderr
+    assert piped.returncode == 1 and "\x1b" not in piped.stdout + piped.stderr  # 1: a failure was diagnosed
     assert "elastic-diag analyze:" in piped.stdout

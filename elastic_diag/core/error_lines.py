@@ -71,9 +71,11 @@ class _Block:
 class ErrorScanner:
     """Feed one stream's lines in order; :meth:`first` is the first error of the rank's own."""
 
-    def __init__(self, taxonomy: Taxonomy, stream: str = "stderr") -> None:
+    def __init__(self, taxonomy: Taxonomy, stream: str = "stderr", *, local_time: bool = True) -> None:
         self._tax = taxonomy
         self._stream = stream
+        # the live line clock reads what its own ranks wrote: a logged time with no zone is this machine's
+        self.local_time = local_time
         self._found: ErrorLine | None = None
         self._block: _Block | None = None
         self._thread: str | None = None  # "Exception in thread X:" seen on the line before
@@ -119,7 +121,7 @@ class ErrorScanner:
             return
         if "\x1b" in raw:
             raw = _ANSI.sub("", raw)  # colour codes (FORCE_COLOR, a coloured logger)
-        parsed = parse_line(raw[:MAX_LINE])
+        parsed = parse_line(raw[:MAX_LINE], local_time=self.local_time)
         text = parsed.text.rstrip()
         if parsed.rank is not None and text.startswith(" "):
             text = text[1:]  # torch writes "[rank1]: Traceback ...": one space after the prefix

@@ -188,7 +188,9 @@ def examine_rank(ev: RankEvidence, taxonomy: Taxonomy, decided_at: float | None 
     candidates, named = _line_candidates(ev, taxonomy)
     own = _own_evidence(ev, taxonomy, candidates, before_verdict, state == "failed")
     if state == "failed":
-        candidates.extend(_exit_candidates(ev, taxonomy))
+        candidates.extend(
+            _exit_candidates(ev, taxonomy, waited=any(c[0].role_hint == "collateral" for c in candidates))
+        )
     # The generic "SomethingError: msg" line is a fallback: it never outranks a specific signature,
     # and without a traceback it only counts for a rank that failed.
     if state != "failed":
@@ -231,14 +233,18 @@ def _line_candidates(
     return candidates, named
 
 
-def _exit_candidates(ev: RankEvidence, taxonomy: Taxonomy) -> list[tuple[Signature, str]]:
-    """A failed rank's exception type and its own fatal signal (not the launcher's), as signatures."""
+def _exit_candidates(ev: RankEvidence, taxonomy: Taxonomy, waited: bool = False) -> list[tuple[Signature, str]]:
+    """A failed rank's exception type and its own fatal signal (not the launcher's), as signatures. A
+    SIGABRT after the rank's own lines showed it waiting (a watchdog timeout, a lost peer) is the NCCL
+    watchdog tearing the process down, not a failure of its own: it is left out."""
     out: list[tuple[Signature, str]] = []
     if ev.exception is not None:
         by_exception = taxonomy.for_exception(ev.exception.type, ev.exception.mro)
         if by_exception is not None:
             out.append((by_exception, ev.exception.last_line))
     sig_name = ev.signal if not (ev.alive_at_decision or ev.stopped_by_agent) else None
+    if sig_name == "SIGABRT" and waited:
+        sig_name = None
     by_signal = taxonomy.for_signal(sig_name) if sig_name else None
     if by_signal is not None:
         out.append((by_signal, f"exit status {ev.exit_code} ({sig_name})"))

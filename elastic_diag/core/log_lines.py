@@ -20,7 +20,7 @@ from __future__ import annotations
 import contextlib
 import re
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime, timedelta, timezone
 from pathlib import PurePath
 
 from elastic_diag.core.evidence import signal_name
@@ -36,7 +36,16 @@ _GLOG = re.compile(
 _NCCL = re.compile(
     r"^(?P<host>[\w.-]+):(?P<pid>\d+):(?P<tid>\d+) \[(?P<dev>\d+)\] (?:\S+:\d+ )?NCCL (?P<level>[A-Z]+) "
 )
-_STAMP = re.compile(r"^\[?(?P<date>\d{4}-\d\d-\d\d)[ T_](?P<time>\d\d:\d\d:\d\d)(?:[.,](?P<frac>\d+))?\]?\s*")
+_STAMP = re.compile(
+    r"^\[?(?P<date>\d{4}-\d\d-\d\d)[ T_](?P<time>\d\d:\d\d:\d\d)(?:[.,](?P<frac>\d+))?"
+    r"(?P<zone>Z|[+-]\d\d:?\d\d)?\]?\s*"
+)
+# colour and cursor codes (CSI sequences and two-byte escapes)
+_ANSI = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b[@-Z\\-_]")
+# Slurm's srun --label: "3: " before every line of task 3
+_LABEL = re.compile(r"^(?P<task>\d{1,5}): ")
+# a rank prefix after other output on the same line (a progress bar's frame, an unfinished line)
+_GLUED_RANK = re.compile(r"\[(?:rank|default)\d+\]:")
 
 _PATH_RANK = (
     re.compile(r"(?:^|/)rank_(?P<rank>\d+)/[^/]+$"),
@@ -59,11 +68,36 @@ class ParsedLine:
     nccl_device: int | None = None
 
 
-def parse_line(line: str) -> ParsedLine:
+def parse_line(line: str, *, local_time: bool = False) -> ParsedLine:
+    """The line's origin (rank, host, pid, time) and its message without the prefixes that told them.
+
+    Colour codes are removed first; of a line a progress bar rewrote with ``\\r``, the last frame is
+    read (what the terminal showed); a rank prefix glued after other output (a tqdm frame without a
+    newline: ``...27.1it/s][rank4]:[E524 ...] Watchdog ...``) still gives the line its rank. A timestamp
+    with no zone is UTC, or this machine's zone with ``local_time`` (the live agent reads lines its own
+    ranks wrote a moment ago)."""
     text = line.rstrip("\r\n")
+    if "\x1b" in text:
+        text = _ANSI.sub("", text)
+    if "\r" in text:
+        text = next((seg for seg in reversed(text.split("\r")) if seg.strip()), "")
+    parsed = _parse_prefixes(text, local_time)
+    if parsed.rank is None and (m := _GLUED_RANK.search(parsed.text, 1)):
+        glued = _parse_prefixes(parsed.text[m.start() :], local_time)
+        parsed = ParsedLine(text=glued.text, rank=glued.rank, local=glued.local, host=parsed.host or glued.host,
+                            pid=parsed.pid or glued.pid, time=parsed.time or glued.time,
+                            clock=parsed.clock or glued.clock, nccl_device=glued.nccl_device)  # fmt: skip
+    return parsed
+
+
+def _parse_prefixes(text: str, local_time: bool) -> ParsedLine:
     rank = host = pid = time = clock = device = None
     local = False
     for _ in range(6):
+        m = _LABEL.match(text)
+        if m and rank is None and host is None:  # srun --label: "3: " is the task, the global rank
+            rank, text = int(m["task"]), text[m.end() :]
+            continue
         m = _HOST.match(text)
         if m and host is None:
             host, text = m["host"], text[m.end() :]
@@ -94,12 +128,7 @@ def parse_line(line: str) -> ParsedLine:
             break
         m = _STAMP.match(text)
         if m and time is None:
-            try:
-                time = datetime.fromisoformat(f"{m['date']}T{m['time']}").timestamp()
-                if m["frac"]:
-                    time += float(f"0.{m['frac']}")
-            except ValueError:
-                time = None
+            time = _epoch(m, local_time)
             text = text[m.end() :]
             continue
         break
@@ -107,14 +136,37 @@ def parse_line(line: str) -> ParsedLine:
                       nccl_device=device)  # fmt: skip
 
 
+def _epoch(m: re.Match[str], local_time: bool) -> float | None:
+    """A timestamp prefix as epoch seconds: in the zone it names, else UTC (never the reader's local zone:
+    the same logs give the same times on every machine)."""
+    try:
+        when = datetime.fromisoformat(f"{m['date']}T{m['time']}")
+    except ValueError:
+        return None
+    zone = m["zone"]
+    if zone is None and local_time:
+        seconds = when.timestamp()  # naive: this machine's zone
+        return seconds + float(f"0.{m['frac']}") if m["frac"] else seconds
+    if zone and zone != "Z":
+        sign = 1 if zone[0] == "+" else -1
+        hours, minutes = int(zone[1:3]), int(zone[-2:])
+        tz = timezone(sign * timedelta(hours=hours, minutes=minutes))
+    else:
+        tz = UTC
+    seconds = when.replace(tzinfo=tz).timestamp()
+    return seconds + float(f"0.{m['frac']}") if m["frac"] else seconds
+
+
 _MESSAGE_RANK = re.compile(
-    r"^(?:\[[EWIF] \S+\] )?\[(?:Rank (?P<r1>\d+)|PG (?:ID )?0 (?:PG GUID 0(?:\(default_pg\))? )?Rank (?P<r2>\d+))\]"
+    r"^(?:what\(\):\s+)?(?:\[[EWIF] \S+\] )?"
+    r"\[(?:Rank (?P<r1>\d+)|PG (?:ID )?0 (?:PG GUID 0(?:\(default_pg\))? )?Rank (?P<r2>\d+))\]"
 )
 
 
 def message_rank(text: str) -> int | None:
-    """``[Rank 3] ...`` / ``[PG ID 0 PG GUID 0(default_pg) Rank 3] ...`` at the start of a message: the rank
-    in the DEFAULT group (= global). Other groups' ranks are local to them and not returned."""
+    """``[Rank 3] ...`` / ``[PG ID 0 PG GUID 0(default_pg) Rank 3] ...`` at the start of a message (or of a
+    C++ exception's ``what():`` line): the rank in the DEFAULT group (= global). Other groups' ranks are
+    local to them and not returned."""
     m = _MESSAGE_RANK.match(text)
     if not m:
         return None

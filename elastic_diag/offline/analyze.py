@@ -155,7 +155,8 @@ class Analyzer:
                 self.facts.rank(file_rank).lines += 1
             for offset, line in lines:
                 if any(a in line for a in ANCHORS):
-                    self._line(line[:MAX_LINE].decode("utf-8", errors="replace"), offset, idx, file_rank)
+                    for frame in _frames(line[:MAX_LINE].decode("utf-8", errors="replace")):
+                        self._line(frame, offset, idx, file_rank)
             self._tail(f, file_rank)
             self._note_completion(f)
             done.add(f)
@@ -262,7 +263,8 @@ class Analyzer:
             end = chunk.find(b"\n", start)
             end = len(chunk) if end < 0 else end
             raw = chunk[start : min(end, start + MAX_LINE)].decode("utf-8", errors="replace")
-            self._line(raw, base + start, idx, file_rank)
+            for line in _frames(raw):
+                self._line(line, base + start, idx, file_rank)
 
     def _map_line(self, raw: bytes, file_rank: int | None) -> None:
         parsed = parse_line(raw.decode("utf-8", errors="replace"))
@@ -373,6 +375,8 @@ class Analyzer:
     # --- attribution -----------------------------------------------------------------------------
 
     def _context(self, hit: Hit) -> list[str]:
+        if hit.source < 0:  # inferred, not read from a file
+            return []
         path = self.facts.files[hit.source]
         try:
             with open(path, "rb") as fp:
@@ -387,6 +391,18 @@ class Analyzer:
         line_end = data.find(b"\n", hit.offset - start)
         decisive = data[hit.offset - start : line_end if line_end >= 0 else len(data)].decode("utf-8", "replace")
         return [line[:2000] for line in before[-CONTEXT_LINES:]] + [decisive[:2000]]
+
+
+_ANCHOR_TEXT = tuple(a.decode() for a in ANCHORS)
+
+
+def _frames(raw: str) -> list[str]:
+    """The lines of one physical line: a progress bar rewrites itself with ``\\r`` and no newline, so the
+    frames, and what another process printed between them, are lines of their own; only those that
+    hold an anchor are worth parsing."""
+    if "\r" not in raw.rstrip("\r\n"):
+        return [raw]
+    return [f for f in raw.split("\r") if f.strip() and any(a in f for a in _ANCHOR_TEXT)]
 
 
 def analyze_paths(

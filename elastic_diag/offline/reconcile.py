@@ -17,7 +17,7 @@ from elastic_diag.core.taxonomy import Signature, Taxonomy
 from elastic_diag.core.verdict import Diagnosis
 from elastic_diag.offline.records import EXC_LINE, MAX_FAILURE_LINES, Analysis, Hit, LogFacts, RankLog, distinct
 
-_WATCHDOG = re.compile(r"WorkNCCL\(SeqNum=(?P<seq>\d+), OpType=(?P<op>\w+)")
+_WATCHDOG = re.compile(r"WorkNCCL\(SeqNum=(?P<seq>\d+), OpType=(?P<op>\w+)(?:, NumelIn=(?P<numel>\d+))?")
 
 
 def reconcile(facts: LogFacts, taxonomy: Taxonomy) -> Analysis:
@@ -36,15 +36,19 @@ def reconcile(facts: LogFacts, taxonomy: Taxonomy) -> Analysis:
         else:
             facts.unranked.append(hit)
     _apply_summary(facts, failures)
+    _watchdog_aborts(facts, taxonomy)
     evidence = _evidence(facts)
     if not facts.ranks and facts.unranked:
         diagnosis = _unranked_diagnosis(facts.unranked)
     elif not any(r.failed for r in evidence.ranks) and not facts.unranked and not facts.flight_records:
         diagnosis = _no_rank_failed(facts)
     else:
-        diagnosis = classify_attempt(evidence, taxonomy, extra_votes=_schedule_votes(facts, taxonomy))
+        votes = _schedule_votes(facts, taxonomy) + _named_in_unranked_lines(facts, taxonomy)
+        diagnosis = classify_attempt(evidence, taxonomy, extra_votes=votes)
         if diagnosis.failure_class == "healthy":
             diagnosis = _no_rank_failed(facts)
+        elif diagnosis.failure_class == "collective_timeout" and diagnosis.initiating_rank is None:
+            diagnosis = _schedules_part(facts, taxonomy) or diagnosis
     decisive = _decisive(facts, diagnosis)
     seen = diagnosis.failure_class != "healthy" and (diagnosis.failure_class != "unknown" or bool(facts.failure_lines)
                                                      or any(r.failed for r in evidence.ranks))  # fmt: skip
@@ -128,13 +132,7 @@ def _evidence(facts: LogFacts) -> AttemptEvidence:
 
 def _schedule_votes(facts: LogFacts, taxonomy: Taxonomy) -> list[tuple[int, Signature, str]]:
     """Ranks whose timed-out collective differs from everyone else's at the same SeqNum."""
-    seen: dict[int, tuple[int, str]] = {}
-    for r in facts.ranks.values():
-        for h in r.hits:
-            m = _WATCHDOG.search(h.text)
-            if m:
-                seen.setdefault(r.rank, (int(m["seq"]), m["op"]))
-                break
+    seen = {r: (seq, op) for r, (seq, op, _) in _watchdog_fields(facts).items()}
     if len(seen) < 3:
         return []
     by_seq: dict[int, dict[str, list[int]]] = {}
@@ -221,3 +219,84 @@ def _no_rank_failed(facts: LogFacts) -> Diagnosis:
         evidence=tuple(facts.completion_lines[:2]),
         roles={r: "healthy" for r in facts.ranks},
     )
+
+
+def _watchdog_fields(facts: LogFacts) -> dict[int, tuple[int, str, int | None]]:
+    """Per rank, the collective its watchdog timed out in: (SeqNum, OpType, NumelIn)."""
+    seen: dict[int, tuple[int, str, int | None]] = {}
+    for r in facts.ranks.values():
+        for h in r.hits:
+            m = _WATCHDOG.search(h.text)
+            if m:
+                seen.setdefault(r.rank, (int(m["seq"]), m["op"], int(m["numel"]) if m["numel"] else None))
+                break
+    return seen
+
+
+def _schedules_part(facts: LogFacts, taxonomy: Taxonomy) -> Diagnosis | None:
+    """Every rank only waited, and their watchdogs disagree on the collective they waited in: another op
+    (or other sizes) at the same SeqNum. No majority names a rank (a majority would have:
+    :func:`_schedule_votes`), so both sides are said and no rank is named."""
+    seen = _watchdog_fields(facts)
+    # only the same SeqNum is comparable: different SeqNums may be different process groups (the old
+    # watchdog line does not say which group), whose counters run apart
+    if len(seen) < 2 or len({seq for seq, _, _ in seen.values()}) != 1:
+        return None
+    if len({(op, numel) for _, op, numel in seen.values()}) < 2:
+        return None
+    seq = next(iter(seen.values()))[0]
+    sides = [f"rank {r}: #{seq} {op}" + (f" ({numel} elements)" if numel is not None else "")
+             for r, (seq, op, numel) in sorted(seen.items())]  # fmt: skip
+    same_op = len({op for _, op, _ in seen.values()}) == 1
+    cls = "collective_mismatch" if same_op else "collective_desync"
+    what = "the same collective with other sizes" if same_op else "different collectives"
+    sig = taxonomy.get("collective-mismatch" if same_op else "collective-schedule-diverged")
+    summary = (
+        f"The ranks' watchdogs disagree on the collective they waited in: at collective #{seq} they issued "
+        f"{what} ({'; '.join(sides[:6])}). The collective schedules parted, but no majority tells which side "
+        "left the schedule, so no rank is named: compare the code paths of the two sides at that point (a "
+        "collective on one rank's path only: a checkpoint save, an evaluation, an epoch's end)."
+    )
+    return Diagnosis(
+        failure_class=cls,
+        signature_id=sig.id,
+        summary=summary,
+        evidence=tuple(sides[:MAX_FAILURE_LINES]),
+        fix=sig.fix,
+        verify=sig.verify,
+        roles={r: "unknown" for r in facts.ranks},
+        retryable=sig.retryable,
+    )
+
+
+def _named_in_unranked_lines(facts: LogFacts, taxonomy: Taxonomy) -> list[tuple[int, Signature, str]]:
+    """Ranks named by lines that belong to no rank themselves (an indented line of NCCL's desync report,
+    a report pasted without its prefixes): the same votes a ranked line would give."""
+    votes: list[tuple[int, Signature, str]] = []
+    for hit in facts.unranked:
+        for sig, m in taxonomy.match_line(hit.text):
+            peers = m.groupdict().get("peers")
+            if peers and not sig.wraps:
+                votes.extend((int(p), sig, hit.text) for p in peers.replace(" ", "").split(",") if p.isdigit())
+    return [(r, sig, line) for r, sig, line in votes if r in facts.ranks]
+
+
+def _watchdog_aborts(facts: LogFacts, taxonomy: Taxonomy) -> None:
+    """A rank known only by its SIGABRT exit (torchrun's summary: ``exitcode: -6``, no line of its own)
+    while its peers' watchdogs timed out died of the same watchdog: NCCL aborts a rank whose collective
+    timed out. It waited too; torchrun's "first observed failure" is then not the culprit."""
+
+    def waits(h: Hit) -> bool:
+        return h.signature.failure_class == "collective_timeout" and h.signature.role_hint == "collateral"
+
+    timed_out = [r for r in facts.ranks.values() if any(waits(h) for h in r.hits)]
+    timed_out_lines = [h for h in facts.unranked if waits(h)]
+    if not timed_out and not timed_out_lines:
+        return
+    sig = taxonomy.get("nccl-watchdog-abort")
+    for log in facts.ranks.values():
+        if log.exit_code == -6 and not log.hits and log.exception is None:
+            peers = max(1, len(timed_out))
+            text = ("exit status -6 (SIGABRT) in the launcher's summary and no line of its own, while "
+                    f"{peers} of its peers' watchdogs timed out: the NCCL watchdog's abort")  # fmt: skip
+            log.hits.append(Hit(sig, text, -1, 0, 0))

@@ -31,7 +31,7 @@ EXC_LINE = re.compile(
 class Hit:
     signature: Signature
     text: str
-    source: int
+    source: int  # index into LogFacts.files; -1 for a line the reconciler inferred
     offset: int
     order: int  # position in the whole read, to order hits of one file
 
