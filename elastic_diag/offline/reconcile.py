@@ -37,13 +37,16 @@ def reconcile(facts: LogFacts, taxonomy: Taxonomy) -> Analysis:
             facts.unranked.append(hit)
     _apply_summary(facts, failures)
     _watchdog_aborts(facts, taxonomy)
+    named = _named_in_unranked_lines(facts, taxonomy)
+    for r in {r for r, _sig, _line in named} | _named_in_ranked_lines(facts, taxonomy):
+        facts.rank(r)  # a rank only its peers' lines speak of (it printed nothing, or its output is not here)
     evidence = _evidence(facts)
     if not facts.ranks and facts.unranked:
         diagnosis = _unranked_diagnosis(facts.unranked)
     elif not any(r.failed for r in evidence.ranks) and not facts.unranked and not facts.flight_records:
         diagnosis = _no_rank_failed(facts)
     else:
-        votes = _schedule_votes(facts, taxonomy) + _named_in_unranked_lines(facts, taxonomy)
+        votes = _schedule_votes(facts, taxonomy) + named
         diagnosis = classify_attempt(evidence, taxonomy, extra_votes=votes)
         if diagnosis.failure_class == "healthy":
             diagnosis = _no_rank_failed(facts)
@@ -278,7 +281,7 @@ def _named_in_unranked_lines(facts: LogFacts, taxonomy: Taxonomy) -> list[tuple[
             peers = m.groupdict().get("peers")
             if peers and not sig.wraps:
                 votes.extend((int(p), sig, hit.text) for p in peers.replace(" ", "").split(",") if p.isdigit())
-    return [(r, sig, line) for r, sig, line in votes if r in facts.ranks]
+    return votes
 
 
 def _watchdog_aborts(facts: LogFacts, taxonomy: Taxonomy) -> None:
@@ -300,3 +303,16 @@ def _watchdog_aborts(facts: LogFacts, taxonomy: Taxonomy) -> None:
             text = ("exit status -6 (SIGABRT) in the launcher's summary and no line of its own, while "
                     f"{peers} of its peers' watchdogs timed out: the NCCL watchdog's abort")  # fmt: skip
             log.hits.append(Hit(sig, text, -1, 0, 0))
+
+
+def _named_in_ranked_lines(facts: LogFacts, taxonomy: Taxonomy) -> set[int]:
+    """Ranks that a rank's own lines name (NCCL's desync report on rank 0 naming rank 7): they must be
+    among the ranks for the peers' vote to count, even when nothing of their own is in the logs."""
+    named: set[int] = set()
+    for log in list(facts.ranks.values()):
+        for hit in log.hits:
+            for sig, m in taxonomy.match_line(hit.text):
+                peers = m.groupdict().get("peers")
+                if peers and not sig.wraps:
+                    named.update(int(p) for p in peers.replace(" ", "").split(",") if p.isdigit())
+    return named
