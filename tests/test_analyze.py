@@ -282,3 +282,22 @@ def test_exit_status_says_whether_a_failure_was_found(tmp_path):
     (tmp_path / "core").write_bytes(b"\x7fELF" + bytes(range(256)) * 64)
     unreadable = subprocess.run([*cli, str(tmp_path)], capture_output=True, text=True, timeout=60, env=env)
     assert unreadable.returncode == 2 and "nothing readable" in unreadable.stderr
+
+
+def test_gzipped_logs_are_read_and_other_archives_are_listed(tmp_path):
+    """The same analysis from gzipped logs as from the plain ones; a .zst is listed as skipped, not read
+    as text; a gzipped log cut short still gives what it holds."""
+    import gzip
+
+    case = FIXTURES / "logs" / "52_slurm_keyerror_rank3_collateral_timeouts"
+    for f in case.glob("job.*.out"):
+        (tmp_path / f"{f.name}.gz").write_bytes(gzip.compress(f.read_bytes()))
+    plain, packed = analyze_paths([case]), analyze_paths([tmp_path])
+    assert packed.diagnosis.to_json() == plain.diagnosis.to_json()
+    assert [r.last_lines for r in packed.ranks.values()] == [r.last_lines for r in plain.ranks.values()]
+    (tmp_path / "rank_9.log.zst").write_bytes(b"(\xb5/\xfd" + bytes(100))
+    whole = (tmp_path / "job.3.out.gz").read_bytes()
+    (tmp_path / "job.3.out.gz").write_bytes(whole[: len(whole) // 2])
+    a = analyze_paths([tmp_path])
+    assert any("rank_9.log.zst: compressed" in s for s in a.skipped)
+    assert any("job.3.out.gz" in s for s in a.skipped) or 3 in a.ranks

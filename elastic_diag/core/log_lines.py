@@ -174,7 +174,8 @@ def message_rank(text: str) -> int | None:
 
 
 def rank_from_path(path: str | PurePath) -> int | None:
-    p = str(path).replace("\\", "/")
+    """The rank a whole file belongs to, from its path (a gzipped log's name without ``.gz``)."""
+    p = str(path).replace("\\", "/").removesuffix(".gz")
     for pattern in _PATH_RANK:
         m = pattern.search(p)
         if m:

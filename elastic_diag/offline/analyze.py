@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+from collections import deque
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
@@ -48,11 +49,14 @@ from elastic_diag.layout import (
 from elastic_diag.offline.files import (
     ANCHORS,
     CHUNK,
+    GZIP_SUFFIX,
     MAPPING_ANCHORS,
+    OTHER_COMPRESSED,
     candidate_lines,
     grep_batches,
     is_binary,
     iter_files,
+    open_log,
 )
 from elastic_diag.offline.ranks import RankResolver
 from elastic_diag.offline.reconcile import reconcile
@@ -110,8 +114,8 @@ class Analyzer:
                 self.progress(f"file {i + 1} of {len(files)}: {f.name}")
             try:
                 self.add_file(f)
-            except OSError as e:
-                self.facts.skipped.append(f"{f}: {e.strerror or e}")
+            except (OSError, EOFError) as e:  # EOFError: a gzipped log cut short (what was read counts)
+                self.facts.skipped.append(f"{f}: {getattr(e, 'strerror', None) or e}")
         if self.facts.pid_hits or self.facts.ds_exits:
             self._mapping_pass()
 
@@ -120,7 +124,8 @@ class Analyzer:
         bytes.find passes); returns the files handled. Anything grep cannot do is left to Python."""
         eligible = []
         for f in files:
-            if f.name.endswith((".json", ".pkl", ".pickle", ".tmp")) or rank_from_path(f) is None:
+            skip = (".json", ".pkl", ".pickle", ".tmp", GZIP_SUFFIX, *OTHER_COMPRESSED)
+            if f.name.endswith(skip) or rank_from_path(f) is None:
                 continue
             try:
                 with open(f, "rb") as fp:
@@ -185,7 +190,10 @@ class Analyzer:
             return
         if path.suffix in (".json", ".pkl", ".pickle", ".tmp"):
             return
-        with open(path, "rb") as fp:
+        if path.name.endswith(OTHER_COMPRESSED):
+            self.facts.skipped.append(f"{path}: compressed ({path.suffix}), not read: decompress it first")
+            return
+        with open_log(path) as fp:
             head = fp.read(8192)
             if is_binary(head):
                 self.facts.skipped.append(f"{path}: binary file, skipped")
@@ -203,7 +211,7 @@ class Analyzer:
 
     def _note_completion(self, path: Path) -> None:
         """A line near the end of the file that says the run ended well."""
-        for line in read_tail(path, 200, newline_only=True):
+        for line in _last_lines(path, 200):
             text = parse_line(line).text.strip()
             if completion_line(text):
                 self.facts.completion_lines.append(text[:500])
@@ -330,7 +338,7 @@ class Analyzer:
 
     def _tail(self, path: Path, rank: int) -> None:
         log = self.facts.rank(rank)
-        for line in read_tail(path, TAIL_LINES, newline_only=True):  # the live capture's reader
+        for line in _last_lines(path, TAIL_LINES):
             log.last_lines.append(parse_line(line).text[:2000])
 
     def _add_report(self, path: Path) -> None:
@@ -391,6 +399,21 @@ class Analyzer:
         line_end = data.find(b"\n", hit.offset - start)
         decisive = data[hit.offset - start : line_end if line_end >= 0 else len(data)].decode("utf-8", "replace")
         return [line[:2000] for line in before[-CONTEXT_LINES:]] + [decisive[:2000]]
+
+
+def _last_lines(path: Path, n: int) -> tuple[str, ...]:
+    """The last lines of a log: the live capture's bounded reader, or for a gzipped log the whole stream
+    read once (a compressed file cannot be read from its end)."""
+    if not path.name.endswith(GZIP_SUFFIX):
+        return read_tail(path, n, newline_only=True)
+    last: deque[bytes] = deque(maxlen=n)
+    try:
+        with open_log(path) as fp:
+            for raw in fp:
+                last.append(raw.rstrip(b"\r\n"))
+    except (OSError, EOFError):
+        pass  # a truncated or corrupt archive: the lines before the damage count
+    return tuple(raw.decode("utf-8", errors="replace") for raw in last)
 
 
 _ANCHOR_TEXT = tuple(a.decode() for a in ANCHORS)

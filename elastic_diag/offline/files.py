@@ -5,12 +5,14 @@ many per-rank files at once). Only the lines it returns are parsed in Python.
 
 from __future__ import annotations
 
+import gzip
 import os
 import re
 import subprocess
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import BinaryIO, cast
 
 CHUNK = 4 << 20  # files are read in blocks of this size, cut at the last line break
 
@@ -109,3 +111,15 @@ def grep_batches(files: list[Path], progress: Callable[[str], None]) -> Iterator
             progress(f"scanned {min((n + 1) * size, len(files))} of {len(files)} log file(s)")
             if out is not None:
                 yield batch, out
+
+
+# compressed logs: gzip is read (the standard library has it); the others are listed as skipped
+GZIP_SUFFIX = ".gz"
+OTHER_COMPRESSED = (".zst", ".xz", ".bz2", ".lz4", ".zip", ".7z", ".tgz")
+
+
+def open_log(path: Path) -> BinaryIO:
+    """A log file's bytes, decompressed when it is gzipped."""
+    if path.name.endswith(GZIP_SUFFIX):
+        return cast(BinaryIO, gzip.open(path, "rb"))
+    return open(path, "rb")
