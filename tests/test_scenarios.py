@@ -37,6 +37,8 @@ class Scenario:
     returncode: int = 1
     check: Callable[[dict[str, Any]], None] | None = None
     timeout: float = 150
+    # another (rank, class) a race inside torch can give on the same job, and that the verdict then gives
+    also: tuple[tuple[int | None, str], ...] = ()
 
 
 def _summary_has(*words: str) -> Callable[[dict[str, Any]], None]:
@@ -93,7 +95,11 @@ CASES: list[Scenario] = [
     Scenario("fetch_retry_then_success.py", 2, None, "healthy", returncode=0, flags=("--max-restarts", "1"),
              check=_restarted_and_succeeded),
     Scenario("dataloader_getitem_error.py", 2, 1, "python_exception", "KeyError", "own_failure_first"),
-    Scenario("dataloader_worker_killed.py", 2, 1, "killed", "RuntimeError", "own_failure_first"),
+    # torch's main process raises RuntimeError "DataLoader worker ... is killed by signal: Killed", or, when it
+    # was reading the dead worker's pipe before its SIGCHLD was seen, a bare ConnectionResetError (1 run in
+    # about 20 here): with no word from the worker, that is rank 1's own python_exception
+    Scenario("dataloader_worker_killed.py", 2, 1, "killed", ANY, "own_failure_first",
+             also=((1, "python_exception"),)),
     # the main process raises RuntimeError "is killed by signal" or, when it was reading the worker's
     # pipe, ConnectionResetError (both seen on torch 2.13); the worker's own last line tells
     Scenario("dataloader_worker_segfault.py", 2, 1, "segfault", ANY, "own_failure_first"),
@@ -196,7 +202,7 @@ def test_scenario(tmp_path: Path, scenario: Scenario) -> None:
     report = run.report
     d = report["diagnosis"]
     got = (d["initiating_rank"], d["failure_class"])
-    assert got == (scenario.culprit, scenario.cls), (d, run.stderr[-3000:])
+    assert got == (scenario.culprit, scenario.cls) or got in scenario.also, (d, run.stderr[-3000:])
     if scenario.exception_type is not ANY:
         assert d["exception_type"] == scenario.exception_type, d
     if scenario.rule is not None:
