@@ -13,6 +13,7 @@ import signal
 from elastic_diag.core.classify import classify_attempt
 from elastic_diag.core.evidence import AttemptEvidence, ExceptionRecord, RankEvidence, parse_stack_dump
 from elastic_diag.core.log_lines import SummaryFailure
+from elastic_diag.core.naming import unattributed
 from elastic_diag.core.taxonomy import Signature, Taxonomy
 from elastic_diag.core.verdict import Diagnosis
 from elastic_diag.offline.records import EXC_LINE, MAX_FAILURE_LINES, Analysis, Hit, LogFacts, RankLog, distinct
@@ -260,16 +261,7 @@ def _schedules_part(facts: LogFacts, taxonomy: Taxonomy) -> Diagnosis | None:
         "left the schedule, so no rank is named: compare the code paths of the two sides at that point (a "
         "collective on one rank's path only: a checkpoint save, an evaluation, an epoch's end)."
     )
-    return Diagnosis(
-        failure_class=cls,
-        signature_id=sig.id,
-        summary=summary,
-        evidence=tuple(sides[:MAX_FAILURE_LINES]),
-        fix=sig.fix,
-        verify=sig.verify,
-        roles={r: "unknown" for r in facts.ranks},
-        retryable=sig.retryable,
-    )
+    return unattributed(sig, cls, summary, tuple(sides), {r: "unknown" for r in facts.ranks})
 
 
 def _named_in_unranked_lines(facts: LogFacts, taxonomy: Taxonomy) -> list[tuple[int, Signature, str]]:
