@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -12,8 +13,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from elastic_diag.core.log_lines import SummaryParser, parse_line, rank_from_path
-from elastic_diag.offline.analyze import analyze_paths, format_analysis
+from elastic_diag.core.log_lines import SummaryParser, completion_line, parse_line, rank_from_path
+from elastic_diag.offline.analyze import Analyzer, analyze_paths, format_analysis
+from elastic_diag.offline.files import PREFILTERS, grep_is_gnu_compatible
 
 FIXTURES = Path(__file__).parent / "fixtures"
 RUNS = FIXTURES / "runs"
@@ -196,15 +198,53 @@ def test_public_report_fixtures(expected_file, record_property):
     )
 
 
-def test_grep_prefilter_and_pure_python_agree(monkeypatch):
-    """The system grep is only a faster prefilter: with it and without it, the same analysis."""
+def test_every_prefilter_gives_the_same_analysis(monkeypatch):
+    """Hyperscan, the system grep and Python's bytes.find are only faster or slower first stages:
+    each gives the same analysis of every fixture (and each is the one used when asked for)."""
     sets = [p.parent for p in LOG_FIXTURES] + [RUNS / "diag_hang", RUNS / "diag_segfault"]
-    with_grep = [analyze_paths([s]).to_json() for s in sets]
+    results = {}
+    for name in PREFILTERS:
+        monkeypatch.setenv("ELASTIC_DIAG_PREFILTER", name)
+        if Analyzer().prefilter != name:
+            continue  # not installed here (hyperscan is a dependency on Linux x86_64/aarch64 only)
+        results[name] = [analyze_paths([s]).to_json() for s in sets]
+    assert "python" in results and len(results) >= 2, list(results)
+    first, *others = results
+    for other in others:
+        for s, a, b in zip(sets, results[first], results[other], strict=True):
+            for key in ("diagnosis", "ranks", "context", "torchrun_root_cause_rank"):
+                assert a[key] == b[key], (s.name, key, first, other)
+
+
+def test_no_grep_setting_means_python_or_hyperscan(monkeypatch):
     monkeypatch.setenv("ELASTIC_DIAG_NO_GREP", "1")
-    without = [analyze_paths([s]).to_json() for s in sets]
-    for s, a, b in zip(sets, with_grep, without, strict=True):
-        for key in ("diagnosis", "ranks", "context", "torchrun_root_cause_rank"):
-            assert a[key] == b[key], (s.name, key)
+    monkeypatch.setenv("ELASTIC_DIAG_PREFILTER", "grep")
+    assert Analyzer().prefilter != "grep"
+
+
+def test_a_grep_without_gnu_output_is_not_used(tmp_path, monkeypatch):
+    """BusyBox's grep has no -b/-Z (BSD's -Z means decompress): it is detected once, Python reads the
+    files instead, and the analysis is the same. Real BusyBox when it is installed (.ci/run installs it)."""
+    busybox = shutil.which("busybox")
+    if busybox is None:
+        pytest.skip("busybox is not installed (apt-get install busybox)")
+    fixture = FIXTURES / "logs" / "60_rank_files_valueerror_rank4"
+    monkeypatch.setenv("ELASTIC_DIAG_PREFILTER", "grep")
+    expected = analyze_paths([fixture]).to_json()
+    (tmp_path / "grep").symlink_to(busybox)
+    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+    grep_is_gnu_compatible.cache_clear()
+    try:
+        assert shutil.which("grep") == str(tmp_path / "grep")
+        assert not grep_is_gnu_compatible()
+        analyzer = Analyzer()
+        assert analyzer.prefilter in ("hyperscan", "python")  # the next that works here
+        analyzer.add_paths([fixture])
+        got = analyzer.finish().to_json()
+    finally:
+        grep_is_gnu_compatible.cache_clear()
+    for key in ("diagnosis", "ranks", "context"):
+        assert got[key] == expected[key], key
 
 
 def test_local_rank_prefixes_of_two_nodes_are_not_merged():
@@ -271,6 +311,23 @@ def test_healthy_only_when_the_run_says_it_ended_well(tmp_path):
     done = analyze_paths([tmp_path])
     assert done.diagnosis.failure_class == "healthy" and not done.failure_seen
     assert "worker group successfully finished" in done.diagnosis.evidence[0]
+
+
+@pytest.mark.parametrize("line", [
+    "I0115 09:41:15.003000 2201 torch/distributed/elastic/agent/server/api.py:879] [default] worker group successfully "
+    "finished. Waiting 300 seconds for other agents to finish.",
+    "INFO:torch.distributed.elastic.agent.server.api:Local worker group finished (WorkerState.SUCCEEDED)",
+    "[2024-05-01 10:00:00,123] [INFO] [launch.py:351:main] Process 4242 exits successfully.",
+    "Training completed. Do not forget to share your model on huggingface.co/models =)",
+    "`Trainer.fit` stopped: `max_epochs=3` reached.",
+    "srun: launch/slurm: _step_signal: Terminating StepId=1234.0 ... task 0 exited with exit code 0",
+])  # fmt: skip
+def test_every_completion_line_is_looked_for(line):
+    """The end of every file is searched for a completion line only when it holds one of these words
+    (a quick test before parsing): each kind of completion line holds one."""
+    from elastic_diag.offline.analyze import _COMPLETION_WORDS
+
+    assert completion_line(line) and any(w in line for w in _COMPLETION_WORDS)
 
 
 def test_exit_status_says_whether_a_failure_was_found(tmp_path):

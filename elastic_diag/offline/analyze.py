@@ -11,9 +11,9 @@ agent then attributes the failure. Memory is bounded by the number of ranks, not
 
 from __future__ import annotations
 
+import functools
 import json
 import os
-import shutil
 from collections import deque
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -35,6 +35,7 @@ from elastic_diag.core.taxonomy import Taxonomy, load_taxonomy
 from elastic_diag.core.verdict import format_ranks
 from elastic_diag.layout import (
     ENV_NO_GREP,
+    ENV_PREFILTER,
     ERROR_FILE,
     EXCEPTION_FILE,
     FR_MAX_BYTES,
@@ -52,7 +53,9 @@ from elastic_diag.offline.files import (
     GZIP_SUFFIX,
     MAPPING_ANCHORS,
     OTHER_COMPRESSED,
-    candidate_lines,
+    SUMMARY_MARK,
+    LineFinder,
+    choose_prefilter,
     grep_batches,
     is_binary,
     iter_files,
@@ -66,6 +69,9 @@ from elastic_diag.report.terminal import Paint
 MAX_LINE = 64 * 1024  # longer lines are cut before matching
 MAX_HITS_PER_RANK = 64
 CONTEXT_LINES = 100
+COMPLETION_LINES = 200  # how far from a file's end a line saying the run ended well is looked for
+# every completion line (core/log_lines.completion_line) holds one of these
+_COMPLETION_WORDS = ("successfully", "SUCCEEDED", "Training completed", "Trainer.fit", "code 0", "status 0")
 
 
 # --- walking the paths ---------------------------------------------------------------------------
@@ -84,10 +90,16 @@ class Analyzer:
         self.taxonomy = taxonomy or load_taxonomy()
         self.facts = LogFacts()
         self.summary = SummaryParser()
-        self.use_grep = os.environ.get(ENV_NO_GREP, "") in ("", "0") and shutil.which("grep") is not None
+        self.prefilter = choose_prefilter(
+            os.environ.get(ENV_PREFILTER, "auto"), no_grep=os.environ.get(ENV_NO_GREP, "") not in ("", "0")
+        )
+        self.find_lines = LineFinder(ANCHORS, use_hyperscan=self.prefilter == "hyperscan")
+        self.find_mappings = LineFinder(MAPPING_ANCHORS, use_hyperscan=self.prefilter == "hyperscan")
         self.progress: Callable[[str], None] = lambda _text: None
         self.resolver = RankResolver(self.facts)
         self._order = 0
+        # a file's last lines are often candidate lines already parsed (a rank's final error lines)
+        self.parse = functools.lru_cache(maxsize=8192)(parse_line)
 
     @property
     def ranks(self) -> dict[int, RankLog]:
@@ -106,7 +118,7 @@ class Analyzer:
         self.progress = progress or (lambda _text: None)
         files = list(iter_files(paths, self.facts.skipped))
         self.progress(f"{len(files)} file(s) found")
-        done = self._grep_scan(files) if self.use_grep else set()
+        done = self._grep_scan(files) if self.prefilter == "grep" else set()
         for i, f in enumerate(files):
             if f in done:
                 continue
@@ -149,7 +161,7 @@ class Analyzer:
                 hits.setdefault(os.fsdecode(name), []).append((int(where), line))
         for f in batch:
             lines = hits.get(str(f), [])
-            if any(b"ChildFailedError" in line for _, line in lines):
+            if any(SUMMARY_MARK in line for _, line in lines):
                 continue  # torchrun's summary needs every line after it: the Python path
             idx = len(self.facts.files)
             self.facts.files.append(str(f))
@@ -162,8 +174,7 @@ class Analyzer:
                 if any(a in line for a in ANCHORS):
                     for frame in _frames(line[:MAX_LINE].decode("utf-8", errors="replace")):
                         self._line(frame, offset, idx, file_rank)
-            self._tail(f, file_rank)
-            self._note_completion(f)
+            self._read_end(f, file_rank)
             done.add(f)
 
     def _mapping_pass(self) -> None:
@@ -205,17 +216,25 @@ class Analyzer:
             self.resolver.start_file(fp, head, file_rank)
             fp.seek(0)
             self._scan(fp, idx, file_rank, self._read_chunk)
-        if file_rank is not None:
-            self._tail(path, file_rank)
-        self._note_completion(path)
+        self._read_end(path, file_rank)
 
-    def _note_completion(self, path: Path) -> None:
-        """A line near the end of the file that says the run ended well."""
-        for line in _last_lines(path, 200):
-            text = parse_line(line).text.strip()
-            if completion_line(text):
-                self.facts.completion_lines.append(text[:500])
-                return
+    def _read_end(self, path: Path, rank: int | None) -> None:
+        """The end of the file, read once: its last lines belong to the rank, and a line there may say
+        the run ended well (looked for only in lines holding one of the completion lines' words)."""
+        last = _last_lines(path, COMPLETION_LINES)
+        if rank is not None:
+            log = self.facts.rank(rank)
+            for line in last[-TAIL_LINES:]:
+                log.last_lines.append(self.parse(line).text[:2000])
+        blob = "\n".join(last)
+        if not any(word in blob for word in _COMPLETION_WORDS):
+            return
+        for line in last:
+            if any(word in line for word in _COMPLETION_WORDS):
+                text = self.parse(line).text.strip()
+                if completion_line(text):
+                    self.facts.completion_lines.append(text[:500])
+                    return
 
     def _add_flight_record(self, path: Path) -> bool:
         """A flight-recorder dump (torch's JSON or pickle, or elastic_diag's fr_trace.json); False when
@@ -257,17 +276,19 @@ class Analyzer:
 
     def _map_chunk(self, chunk: bytes, base: int, idx: int, file_rank: int | None) -> None:
         """The second pass: only the lines that map pids and local ranks to ranks."""
-        for start in candidate_lines(chunk, MAPPING_ANCHORS):
+        for start in self.find_mappings(chunk)[0]:
             end = chunk.find(b"\n", start)
             self._map_line(chunk[start : min(end if end >= 0 else len(chunk), start + MAX_LINE)], file_rank)
 
     def _read_chunk(self, chunk: bytes, base: int, idx: int, file_rank: int | None) -> None:
         """The first pass: who printed, torchrun's summary, and every candidate line."""
         self.resolver.count_lines(chunk, file_rank)
-        summary_at = chunk.find(b"ChildFailedError") if not self.summary.active else 0
+        starts, summary_at = self.find_lines(chunk)
+        if self.summary.active:
+            summary_at = 0
         if summary_at >= 0:
             self._feed_summary(chunk, summary_at)
-        for start in candidate_lines(chunk, ANCHORS):
+        for start in starts:
             end = chunk.find(b"\n", start)
             end = len(chunk) if end < 0 else end
             raw = chunk[start : min(end, start + MAX_LINE)].decode("utf-8", errors="replace")
@@ -288,7 +309,7 @@ class Analyzer:
             self.summary.feed(parse_line(raw.decode("utf-8", errors="replace")).text)
 
     def _line(self, raw: str, offset: int, idx: int, file_rank: int | None) -> None:
-        parsed = parse_line(raw)
+        parsed = self.parse(raw)
         text = parsed.text.strip()
         if len(self.facts.failure_lines) < MAX_FAILURE_LINES and failure_evidence(text):
             self.facts.failure_lines.append(text[:2000])
@@ -335,11 +356,6 @@ class Analyzer:
         if exc and log.exception is None and not text.startswith(("Traceback", "raise ")):
             log.exception = ExceptionRecord(type=exc["type"], message=exc["msg"] or "", traceback="", time=parsed.time)
             log.exception_hit = Hit(self.taxonomy.get("python-exception"), text, idx, offset, self._order)
-
-    def _tail(self, path: Path, rank: int) -> None:
-        log = self.facts.rank(rank)
-        for line in _last_lines(path, TAIL_LINES):
-            log.last_lines.append(parse_line(line).text[:2000])
 
     def _add_report(self, path: Path) -> None:
         """elastic_diag's own report.json (the run-level one): exit codes, nodes, stacks per rank."""
