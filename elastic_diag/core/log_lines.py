@@ -46,6 +46,8 @@ _ANSI = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b[@-Z\\-_]")
 _LABEL = re.compile(r"^(?P<task>\d{1,5}): ")
 # a rank prefix after other output on the same line (a progress bar's frame, an unfinished line)
 _GLUED_RANK = re.compile(r"\[(?:rank|default)\d+\]:")
+# a Python logging record's level and location, e.g. OLMo's "CRITICAL [olmo.util:158, rank=0] " (global rank)
+_PYLOG = re.compile(r"^(?:DEBUG|INFO|WARNING|ERROR|CRITICAL)\s+\[[\w./-]+:\d+(?:, rank=(?P<rank>\d+))?\]\s*")
 
 _PATH_RANK = (
     re.compile(r"(?:^|/)rank_(?P<rank>\d+)/[^/]+$"),
@@ -126,6 +128,12 @@ def _parse_prefixes(text: str, local_time: bool) -> ParsedLine:
             host, pid, device = host or m["host"], int(m["pid"]), int(m["dev"])
             text = text[m.start("level") - 5 :]  # keep "NCCL WARN ..."
             break
+        m = _PYLOG.match(text)
+        if m:
+            if m["rank"] and rank is None:
+                rank = int(m["rank"])
+            text = text[m.end() :]
+            continue
         m = _STAMP.match(text)
         if m and time is None:
             time = _epoch(m, local_time)
@@ -303,6 +311,23 @@ _DS_MAPPING = re.compile(r"global_rank_mapping=(?:defaultdict\(<class 'list'>, )
 _DS_EXIT = re.compile(r"--local_rank=(?P<local>\d+)'.*\] exits with return code = (?P<code>-?\d+)")
 
 
+# --- other launchers that name a global rank and its exit ------------------------------------------
+
+# MosaicML Composer's launcher: "Rank 2 crashed with exit code -7." (the first it saw) and, for each rank
+# that crashed (not those it stopped), "Global rank 2 (PID 4242) exited with code -7"
+_LAUNCHER_EXIT = re.compile(
+    r"\bRank (?P<r1>\d+) crashed with exit code (?P<c1>-?\d+)|\bGlobal rank (?P<r2>\d+) \(PID \d+\) exited with code (?P<c2>-?\d+)"
+)
+
+
+def parse_launcher_exit(text: str) -> tuple[int, int] | None:
+    """A launcher's line naming a GLOBAL rank and its exit status: (rank, code)."""
+    m = _LAUNCHER_EXIT.search(text)
+    if not m:
+        return None
+    return (int(m["r1"]), int(m["c1"])) if m["r1"] else (int(m["r2"]), int(m["c2"]))
+
+
 def parse_deepspeed_mapping(text: str) -> dict[str, list[int]] | None:
     """``global_rank_mapping={'worker-0': [0, 1], ...}`` of DeepSpeed's launch.py."""
     m = _DS_MAPPING.search(text)
@@ -327,7 +352,7 @@ _FAILURE_EVIDENCE = re.compile(
     r"Traceback \(most recent call last\)|\bexit ?code\s*[:=]?\s*-?[1-9]|exits with return code =? ?-?[1-9]"
     r"|Signal \d+ \(SIG[A-Z]+\) received|\bKilled\b|Segmentation fault|core dumped|Watchdog caught|\btimed out\b"
     r"|ChildFailedError|DistStoreError|RendezvousTimeoutError|Out Of Memory|oom-kill|out of memory|\bAborted\b"
-    r"|returned non-zero exit status|^\s*(?:[\w.]+\.)?[A-Z]\w*(?:Error|Exception)(?::|$)"
+    r"|returned non-zero exit status|^\s*(?:(?:Uncaught|Unhandled) )?(?:[\w.]+\.)?[A-Z]\w*(?:Error|Exception)(?::|$)"
 )
 # What a run that ended well prints last: torch's agent, DeepSpeed's launcher, HF Trainer, Lightning,
 # elastic_diag's own report. Read from the end of each file.

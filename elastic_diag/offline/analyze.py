@@ -27,6 +27,7 @@ from elastic_diag.core.log_lines import (
     completion_line,
     failure_evidence,
     parse_deepspeed_exit,
+    parse_launcher_exit,
     parse_failed_line,
     parse_line,
     rank_from_path,
@@ -319,6 +320,9 @@ class Analyzer:
         ds_exit = parse_deepspeed_exit(text) if "exits with return code" in text else None
         if ds_exit is not None:
             self.facts.ds_exits.append((parsed.host, ds_exit[0], ds_exit[1]))
+        launcher_exit = parse_launcher_exit(text) if "xited with code" in text or "crashed with" in text else None
+        if launcher_exit is not None:
+            self.facts.launcher_exits.append(launcher_exit)
         rank = self.resolver.line_rank(parsed, text, file_rank)
         self.resolver.record_mappings(parsed, text, rank)
         self._order += 1

@@ -85,6 +85,10 @@ def _apply_summary(facts: LogFacts, failures: list[SummaryFailure]) -> None:
             log.node = log.node or host
             if log.exit_code is None or code not in (0, 1):
                 log.exit_code = code
+    for rank, code in facts.launcher_exits:
+        log = facts.rank(rank)
+        if log.exit_code is None or code not in (0, 1):
+            log.exit_code = code
     sigtermed_unknown = facts.sigtermed - set(facts.pids)
     if failures and not sigtermed_unknown:
         listed = {f.rank for f in failures}

@@ -23,7 +23,8 @@ TAIL_LINES = 20
 MAX_FAILURE_LINES = 8
 # an exception's last line: `module.SomeError: message` (shared by the reader and the reconciler)
 EXC_LINE = re.compile(
-    r"^(?P<type>(?:[A-Za-z_][\w]*\.)*[A-Z]\w*(?:Error|Exception|Interrupt|Exit))(?::\s?(?P<msg>.*))?$"
+    r"^(?:(?:Uncaught|Unhandled) (?:exception:? )?)?"  # as an excepthook logs it (OLMo: "Uncaught OLMoThreadError: ...")
+    r"(?P<type>(?:[A-Za-z_][\w]*\.)*[A-Z]\w*(?:Error|Exception|Interrupt|Exit))(?::\s?(?P<msg>.*))?$"
 )
 
 
@@ -67,6 +68,7 @@ class LogFacts:
     sigtermed: set[int] = field(default_factory=set)  # pids torch's agent sent a closing signal: alive at teardown
     pid_hits: list[tuple[int, Hit]] = field(default_factory=list)  # error lines known only by a pid
     ds_exits: list[tuple[str | None, int, int]] = field(default_factory=list)  # DeepSpeed: (host, local rank, exit)
+    launcher_exits: list[tuple[int, int]] = field(default_factory=list)  # other launchers: (global rank, exit)
     flight_records: dict[int, RankRecord] = field(default_factory=dict)
     failure_lines: list[str] = field(default_factory=list)  # lines that show a failure (the first few)
     completion_lines: list[str] = field(default_factory=list)  # lines that say the run ended well
