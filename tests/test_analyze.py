@@ -198,6 +198,25 @@ def test_public_report_fixtures(expected_file, record_property):
     )
 
 
+SUSPECT_FIXTURES = [p for p in LOG_FIXTURES if "suspected_rank" in json.loads(p.read_text())]
+
+
+def _suspect_param(path: Path) -> object:
+    gap = json.loads(path.read_text()).get("known_gap_suspect")
+    marks = [pytest.mark.xfail(strict=True, reason=f"known gap: {gap}")] if gap else []
+    return pytest.param(path, id=path.parent.name, marks=marks)
+
+
+@pytest.mark.parametrize("expected_file", [_suspect_param(p) for p in SUSPECT_FIXTURES])
+def test_a_suspect_is_given_when_no_rank_is_proven(expected_file):
+    """Where the fixture's author saw a rank that stands out without proof (``suspected_rank``), the
+    analysis names it as suspected, with the reason, and still names no initiating rank."""
+    expected = json.loads(expected_file.read_text())
+    d = analyze_paths([expected_file.parent]).diagnosis
+    assert (d.initiating_rank, d.suspected_rank) == (None, expected["suspected_rank"]), d.summary
+    assert d.suspected_reason and f"rank {d.suspected_rank}" in d.summary
+
+
 def test_every_prefilter_gives_the_same_analysis(monkeypatch):
     """Hyperscan, the system grep and Python's bytes.find are only faster or slower first stages:
     each gives the same analysis of every fixture (and each is the one used when asked for)."""

@@ -42,9 +42,15 @@ class Diagnosis:
     collective: dict[str, object] | None = None  # where the schedules part (desync / mismatch / missing)
     rule: str | None = None  # the attribution rule that decided (docs/attribution.md)
     all_ranks: bool = False  # every rank failed the same way: no rank is named
+    # no rank is proven but one stands out (initiating_rank stays None): the odd one out of a desync
+    # with no majority, the only rank missing among the waiters; with the reason, in words
+    suspected_rank: int | None = None
+    suspected_reason: str | None = None
 
     def to_json(self) -> dict[str, object]:
         extra: dict[str, object] = {"collective": self.collective} if self.collective else {}
+        if self.suspected_rank is not None:
+            extra |= {"suspected_rank": self.suspected_rank, "suspected_reason": self.suspected_reason}
         return {
             "failure_class": self.failure_class,
             "initiating_rank": self.initiating_rank,

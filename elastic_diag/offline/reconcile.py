@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 import signal
+from dataclasses import replace
 
 from elastic_diag.core.classify import classify_attempt
 from elastic_diag.core.evidence import AttemptEvidence, ExceptionRecord, RankEvidence, parse_stack_dump
@@ -18,7 +19,8 @@ from elastic_diag.core.taxonomy import Signature, Taxonomy
 from elastic_diag.core.verdict import Diagnosis
 from elastic_diag.offline.records import EXC_LINE, MAX_FAILURE_LINES, Analysis, Hit, LogFacts, RankLog, distinct
 
-_WATCHDOG = re.compile(r"WorkNCCL\(SeqNum=(?P<seq>\d+), OpType=(?P<op>\w+)(?:, NumelIn=(?P<numel>\d+))?")
+# the op must be followed by its comma or parenthesis: a line a terminal cut may end inside it
+_WATCHDOG = re.compile(r"WorkNCCL\(SeqNum=(?P<seq>\d+), OpType=(?P<op>\w+)(?:[,)]|$)(?: NumelIn=(?P<numel>\d+),)?")
 
 
 def reconcile(facts: LogFacts, taxonomy: Taxonomy) -> Analysis:
@@ -47,12 +49,14 @@ def reconcile(facts: LogFacts, taxonomy: Taxonomy) -> Analysis:
     elif not any(r.failed for r in evidence.ranks) and not facts.unranked and not facts.flight_records:
         diagnosis = _no_rank_failed(facts)
     else:
-        votes = _schedule_votes(facts, taxonomy) + named
+        votes = _schedule_votes(facts, taxonomy) + _seq_votes(facts, taxonomy) + named
         diagnosis = classify_attempt(evidence, taxonomy, extra_votes=votes)
         if diagnosis.failure_class == "healthy":
             diagnosis = _no_rank_failed(facts)
         elif diagnosis.failure_class == "collective_timeout" and diagnosis.initiating_rank is None:
             diagnosis = _schedules_part(facts, taxonomy) or diagnosis
+    if diagnosis.initiating_rank is None and diagnosis.failure_class in _WAITING_CLASSES:
+        diagnosis = _with_suspect(facts, diagnosis)
     decisive = _decisive(facts, diagnosis)
     seen = diagnosis.failure_class != "healthy" and (diagnosis.failure_class != "unknown" or bool(facts.failure_lines)
                                                      or any(r.failed for r in evidence.ranks))  # fmt: skip
@@ -241,13 +245,109 @@ def _watchdog_fields(facts: LogFacts) -> dict[int, tuple[int, str, int | None]]:
     return seen
 
 
+def _one_collective_each(facts: LogFacts) -> dict[int, tuple[int, str, int | None]]:
+    """Per rank, the collective its watchdog timed out in, for ranks whose every watchdog line names the
+    same SeqNum (a rank with several timed-out SeqNums waits in several process groups: not comparable)."""
+    seqs: dict[int, set[int]] = {}
+    for r in facts.ranks.values():
+        for h in r.hits:
+            m = _WATCHDOG.search(h.text)
+            if m:
+                seqs.setdefault(r.rank, set()).add(int(m["seq"]))
+    first = _watchdog_fields(facts)
+    return {r: first[r] for r, found in seqs.items() if len(found) == 1 and r in first}
+
+
+def _seq_votes(facts: LogFacts, taxonomy: Taxonomy) -> list[tuple[int, Signature, str]]:
+    """One rank whose watchdog timed out at another SeqNum (ahead or behind) than the rest, when the rest
+    agree on one collective and are more than half of the ranks (the world is at least the highest rank
+    seen plus one): that rank left the schedule its peers follow."""
+    seen = _one_collective_each(facts)
+    if len(seen) < 3 or len({seq for seq, _, _ in seen.values()}) < 2:
+        return []
+    groups: dict[tuple[int, str], list[int]] = {}
+    for rank, (seq, op, _) in seen.items():
+        groups.setdefault((seq, op), []).append(rank)
+    (seq, op), agree = max(groups.items(), key=lambda kv: len(kv[1]))
+    others = sorted(r for r in seen if r not in agree)
+    world = max(facts.ranks) + 1
+    if len(others) != 1 or 2 * len(agree) <= world:
+        return []
+    rank = others[0]
+    theirs = seen[rank]
+    where = "behind" if theirs[0] < seq else "ahead of"
+    line = (f"rank {rank} timed out in {theirs[1]} #{theirs[0]}, {where} ranks {sorted(agree)} that all timed out "
+            f"in {op} #{seq}: the collective schedules diverged")  # fmt: skip
+    return [(rank, taxonomy.get("nccl-desync-report"), line)]
+
+
+def _odd_one_out(seen: dict[int, tuple[int, str, int | None]]) -> tuple[int, str] | None:
+    """The single rank whose collective differs from the one all the others agree on (at least two)."""
+    groups: dict[tuple[int, str], list[int]] = {}
+    for rank, (seq, op, _) in seen.items():
+        groups.setdefault((seq, op), []).append(rank)
+    if len(groups) != 2:
+        return None
+    (key_a, a), (key_b, b) = sorted(groups.items(), key=lambda kv: len(kv[1]))
+    if len(a) != 1 or len(b) < 2:
+        return None
+    reason = (f"rank {a[0]} alone timed out in {key_a[1]} #{key_a[0]} while ranks {sorted(b)} agree "
+              f"on {key_b[1]} #{key_b[0]}; not proven: ranks whose lines are missing could side with it")  # fmt: skip
+    return a[0], reason
+
+
+_WAITING_CLASSES = ("collective_timeout", "collective_desync", "collective_mismatch", "hang")
+
+
+def _with_suspect(facts: LogFacts, diagnosis: Diagnosis) -> Diagnosis:
+    """A rank that stands out although none is proven (``suspected_rank``, additive): the odd one out of
+    a desync with no majority, or the only rank missing among the ranks that waited."""
+    seen = _one_collective_each(facts)
+    odd = _odd_one_out(seen) if len(seen) >= 3 else None
+    if odd is None:
+        odd = _only_silent_rank(facts)
+    if odd is None:
+        return diagnosis
+    rank, reason = odd
+    return replace(diagnosis, suspected_rank=rank, suspected_reason=reason,
+                   summary=f"{diagnosis.summary} Suspected, not proven: rank {rank} ({reason}).")  # fmt: skip
+
+
+def _only_silent_rank(facts: LogFacts) -> tuple[int, str] | None:
+    """Every rank from 0 to the highest seen waited in a collective except one that printed nothing at
+    all: it is the natural suspect (it may never have reached the collective), but its output may also
+    simply be missing from these logs."""
+    waited = sorted(r for r, log in facts.ranks.items() if any(_waits(h) for h in log.hits))
+    if len(waited) < 2:
+        return None
+    quiet = [r for r in range(max(waited) + 1) if r not in waited]
+    if len(quiet) != 1:
+        return None
+    rank = quiet[0]
+    log = facts.ranks.get(rank)
+    if log is not None and (log.hits or log.exception is not None or log.exit_code not in (None, 0)):
+        return None
+    reason = (f"ranks {', '.join(map(str, waited))} timed out waiting in a collective and rank {rank} is the only "
+              "rank among them that reported nothing: it may never have reached that collective, or its output "
+              "is not in these logs")  # fmt: skip
+    return rank, reason
+
+
+def _waits(h: Hit) -> bool:
+    return h.signature.failure_class == "collective_timeout" and h.signature.role_hint == "collateral"
+
+
 def _schedules_part(facts: LogFacts, taxonomy: Taxonomy) -> Diagnosis | None:
     """Every rank only waited, and their watchdogs disagree on the collective they waited in: another op
     (or other sizes) at the same SeqNum. No majority names a rank (a majority would have:
     :func:`_schedule_votes`), so both sides are said and no rank is named."""
     seen = _watchdog_fields(facts)
-    # only the same SeqNum is comparable: different SeqNums may be different process groups (the old
-    # watchdog line does not say which group), whose counters run apart
+    one_each = _one_collective_each(facts)
+    # different SeqNums are compared only when every rank timed out in one collective: a rank with
+    # several waits in several process groups (the old watchdog line does not say which), whose
+    # counters run apart
+    if len(seen) >= 2 and len(one_each) == len(seen) and len({seq for seq, _, _ in seen.values()}) > 1:
+        return _seqs_part(one_each, facts, taxonomy)
     if len(seen) < 2 or len({seq for seq, _, _ in seen.values()}) != 1:
         return None
     if len({(op, numel) for _, op, numel in seen.values()}) < 2:
@@ -266,6 +366,21 @@ def _schedules_part(facts: LogFacts, taxonomy: Taxonomy) -> Diagnosis | None:
         "collective on one rank's path only: a checkpoint save, an evaluation, an epoch's end)."
     )
     return unattributed(sig, cls, summary, tuple(sides), {r: "unknown" for r in facts.ranks})
+
+
+def _seqs_part(seen: dict[int, tuple[int, str, int | None]], facts: LogFacts, taxonomy: Taxonomy) -> Diagnosis:
+    """The ranks' watchdogs timed out in collectives with different SeqNums (one each) and no majority of
+    the ranks agrees: the schedules parted, no rank is named, every side is said."""
+    sides = [f"rank {r}: #{seq} {op}" + (f" ({numel} elements)" if numel is not None else "")
+             for r, (seq, op, numel) in sorted(seen.items())]  # fmt: skip
+    summary = (
+        f"The ranks' watchdogs timed out in different collectives ({'; '.join(sides[:6])}): each rank waits "
+        "at another point of the same schedule, so the collective schedules parted. No majority of the ranks "
+        "agrees on one collective, so no rank is named: compare the code paths of the sides at that point (a "
+        "collective on one rank's path only: a checkpoint save, an evaluation, a data-dependent branch)."
+    )
+    sig = taxonomy.get("collective-schedule-diverged")
+    return unattributed(sig, "collective_desync", summary, tuple(sides), {r: "unknown" for r in facts.ranks})
 
 
 def _named_in_unranked_lines(facts: LogFacts, taxonomy: Taxonomy) -> list[tuple[int, Signature, str]]:
