@@ -27,8 +27,8 @@ from elastic_diag.core.log_lines import (
     completion_line,
     failure_evidence,
     parse_deepspeed_exit,
-    parse_launcher_exit,
     parse_failed_line,
+    parse_launcher_exit,
     parse_line,
     rank_from_path,
 )
