@@ -316,7 +316,8 @@ _DS_EXIT = re.compile(r"--local_rank=(?P<local>\d+)'.*\] exits with return code 
 # MosaicML Composer's launcher: "Rank 2 crashed with exit code -7." (the first it saw) and, for each rank
 # that crashed (not those it stopped), "Global rank 2 (PID 4242) exited with code -7"
 _LAUNCHER_EXIT = re.compile(
-    r"\bRank (?P<r1>\d+) crashed with exit code (?P<c1>-?\d+)|\bGlobal rank (?P<r2>\d+) \(PID \d+\) exited with code (?P<c2>-?\d+)"
+    r"\bRank (?P<r1>\d+) crashed with exit code (?P<c1>-?\d+)"
+    r"|\bGlobal rank (?P<r2>\d+) \(PID \d+\) exited with code (?P<c2>-?\d+)"
 )
 
 

@@ -21,9 +21,10 @@ from elastic_diag.layout import ANALYSIS_SCHEMA
 SCHEMA = ANALYSIS_SCHEMA
 TAIL_LINES = 20
 MAX_FAILURE_LINES = 8
-# an exception's last line: `module.SomeError: message` (shared by the reader and the reconciler)
+# an exception's last line: `module.SomeError: message` (shared by the reader and the reconciler), also
+# as an excepthook logs it (OLMo: "Uncaught OLMoThreadError: ...")
 EXC_LINE = re.compile(
-    r"^(?:(?:Uncaught|Unhandled) (?:exception:? )?)?"  # as an excepthook logs it (OLMo: "Uncaught OLMoThreadError: ...")
+    r"^(?:(?:Uncaught|Unhandled) (?:exception:? )?)?"
     r"(?P<type>(?:[A-Za-z_][\w]*\.)*[A-Z]\w*(?:Error|Exception|Interrupt|Exit))(?::\s?(?P<msg>.*))?$"
 )
 
