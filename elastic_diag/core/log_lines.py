@@ -311,6 +311,49 @@ _DS_MAPPING = re.compile(r"global_rank_mapping=(?:defaultdict\(<class 'list'>, )
 _DS_EXIT = re.compile(r"--local_rank=(?P<local>\d+)'.*\] exits with return code = (?P<code>-?\d+)")
 
 
+# --- TORCH_DISTRIBUTED_DEBUG=DETAIL's fingerprint check ------------------------------------------------
+
+_FP_ME = re.compile(r"Rank (?P<rank>\d+) is running (?:inconsistent )?collective: CollectiveFingerPrint\("
+                    r"(?:SequenceNumber=(?P<seq>\d+),? ?)?OpType=(?P<op>\w+)")  # fmt: skip
+_FP_OTHER = re.compile(r"but Rank (?P<rank>\d+) is running collective: CollectiveFingerPrint\("
+                       r"(?:(?:SequenceNumber=(?P<seq>\d+),? ?)?OpType=(?P<op>\w+?)(?=[,)]))?")  # fmt: skip
+_FP_SEQS = re.compile(r"Sequence number: (?P<mine>\d+) ?vs ?(?P<theirs>\d+)")
+_FP_OPS = re.compile(r"Op type: (?P<mine>\w+?) ?vs (?P<theirs>\w+)")
+
+
+@dataclass(frozen=True, slots=True)
+class FingerprintReport:
+    """One rank's "Detected mismatch between collectives on ranks": its own collective and the other
+    rank's it was compared with (either side's fields may be missing where the line is cut)."""
+
+    rank: int
+    seq: int | None
+    op: str | None
+    other: int | None
+    other_seq: int | None
+    other_op: str | None
+
+
+def parse_fingerprint_report(text: str) -> FingerprintReport | None:
+    me = _FP_ME.search(text)
+    if not me:
+        return None
+    other = _FP_OTHER.search(text, me.end())
+    seqs, ops = _FP_SEQS.search(text), _FP_OPS.search(text)
+
+    def num(value: str | None) -> int | None:
+        return int(value) if value is not None else None
+
+    return FingerprintReport(
+        rank=int(me["rank"]),
+        seq=num(me["seq"]) if me["seq"] else num(seqs["mine"] if seqs else None),
+        op=me["op"],
+        other=int(other["rank"]) if other else None,
+        other_seq=num(other["seq"] if other and other["seq"] else (seqs["theirs"] if seqs else None)),
+        other_op=(other["op"] if other and other["op"] else (ops["theirs"] if ops else None)),
+    )
+
+
 # --- other launchers that name a global rank and its exit ------------------------------------------
 
 # MosaicML Composer's launcher: "Rank 2 crashed with exit code -7." (the first it saw) and, for each rank

@@ -13,7 +13,7 @@ from dataclasses import replace
 
 from elastic_diag.core.classify import classify_attempt
 from elastic_diag.core.evidence import AttemptEvidence, ExceptionRecord, RankEvidence, parse_stack_dump
-from elastic_diag.core.log_lines import SummaryFailure
+from elastic_diag.core.log_lines import FingerprintReport, SummaryFailure, parse_fingerprint_report
 from elastic_diag.core.naming import unattributed
 from elastic_diag.core.taxonomy import Signature, Taxonomy
 from elastic_diag.core.verdict import Diagnosis
@@ -55,6 +55,8 @@ def reconcile(facts: LogFacts, taxonomy: Taxonomy) -> Analysis:
             diagnosis = _no_rank_failed(facts)
         elif diagnosis.failure_class == "collective_timeout" and diagnosis.initiating_rank is None:
             diagnosis = _schedules_part(facts, taxonomy) or diagnosis
+    if diagnosis.failure_class in _FINGERPRINT_OVERRIDES:
+        diagnosis = _fingerprints(facts, taxonomy, diagnosis) or diagnosis
     if diagnosis.initiating_rank is None and diagnosis.failure_class in _WAITING_CLASSES:
         diagnosis = _with_suspect(facts, diagnosis)
     decisive = _decisive(facts, diagnosis)
@@ -366,6 +368,75 @@ def _schedules_part(facts: LogFacts, taxonomy: Taxonomy) -> Diagnosis | None:
         "collective on one rank's path only: a checkpoint save, an evaluation, an epoch's end)."
     )
     return unattributed(sig, cls, summary, tuple(sides), {r: "unknown" for r in facts.ranks})
+
+
+# what a verdict may say before the DETAIL check's own reports are read: they tell better
+_FINGERPRINT_OVERRIDES = ("collective_mismatch", "collective_desync", "collective_timeout", "hang", "silent_exit",
+                          "unknown", "python_exception", "abort")  # fmt: skip
+
+
+def _fingerprint_reports(facts: LogFacts) -> list[FingerprintReport]:
+    texts = [h.text for r in facts.ranks.values() for h in r.hits] + [h.text for h in facts.unranked]
+    texts += [r.exception.message for r in facts.ranks.values() if r.exception is not None]
+    reports = (parse_fingerprint_report(t) for t in texts if "CollectiveFingerPrint" in t)
+    return list(dict.fromkeys(r for r in reports if r is not None))
+
+
+def _fingerprints(facts: LogFacts, taxonomy: Taxonomy, diagnosis: Diagnosis) -> Diagnosis | None:
+    """TORCH_DISTRIBUTED_DEBUG=DETAIL's reports ("Rank 4 is running collective: CollectiveFingerPrint(
+    SequenceNumber=101, OpType=ALLGATHER ...), but Rank 7 is running ... SequenceNumber=0, OpType=REDUCE"):
+    another op on the two sides is a desync, the same op (other sequence numbers or sizes) a mismatch.
+    The rank is the one behind all the others (the lowest sequence number, alone), else the one that
+    two or more reporting ranks all name; else no rank (two ranks that name each other)."""
+    reports = _fingerprint_reports(facts)
+    if not reports:
+        return None
+    seq: dict[int, int] = {}
+    ops: dict[int, str] = {}
+    for rep in reports:
+        for rank, s, op in ((rep.rank, rep.seq, rep.op), (rep.other, rep.other_seq, rep.other_op)):
+            if rank is not None and s is not None:
+                seq.setdefault(rank, s)
+            if rank is not None and op is not None:
+                ops.setdefault(rank, op)
+    desync = any(r.other_op is not None and r.op != r.other_op for r in reports) or any(
+        r.other is None
+        for r in reports  # torch 1.x "running inconsistent collective": one side only
+    )
+    cls = "collective_desync" if desync else "collective_mismatch"
+    sig = taxonomy.get("collective-schedule-diverged" if desync else "collective-mismatch")
+    culprit, why = None, ""
+    lowest = min(seq.values()) if len(seq) >= 2 else None
+    behind = [r for r, s in seq.items() if s == lowest]
+    if lowest is not None and len(behind) == 1:
+        culprit = behind[0]
+        why = (f"rank {culprit} is at collective #{lowest} while ranks {sorted(r for r in seq if r != culprit)} are "
+               f"at #{max(seq.values())}: it is behind them")  # fmt: skip
+    else:
+        named = {r.other for r in reports if r.other is not None}
+        reporters = {r.rank for r in reports}
+        if len(named) == 1 and len(reporters) >= 2 and not named & reporters:
+            culprit = next(iter(named))
+            why = f"ranks {sorted(reporters)} all found their collective differs from rank {culprit}'s"
+    sides = [f"rank {r}: " + (f"#{seq[r]} " if r in seq else "") + ops.get(r, "?") for r in sorted(set(seq) | set(ops))]
+    if culprit is None:
+        summary = (
+            "TORCH_DISTRIBUTED_DEBUG=DETAIL found the ranks calling different collectives ("
+            + "; ".join(sides[:6])
+            + "), but the reports do not tell which side left the schedule (the ranks name each other), so no "
+            "rank is named: compare the code paths of the sides at that point (a collective on one rank's path "
+            "only: a checkpoint save, an evaluation, a data-dependent branch)."
+        )
+        return unattributed(sig, cls, summary, tuple(r for r in sides), {r: "unknown" for r in facts.ranks})
+    line = f"TORCH_DISTRIBUTED_DEBUG=DETAIL: {why} (" + "; ".join(sides[:6]) + ")"
+    if diagnosis.initiating_rank == culprit and diagnosis.failure_class == cls:
+        return diagnosis
+    facts.rank(culprit)
+    votes = [(culprit, sig, line)]
+    named_verdict = classify_attempt(_evidence(facts), taxonomy, extra_votes=votes)
+    if named_verdict.initiating_rank != culprit:
+        return None
+    return replace(named_verdict, failure_class=cls, signature_id=sig.id, fix=sig.fix, verify=sig.verify)
 
 
 def _seqs_part(seen: dict[int, tuple[int, str, int | None]], facts: LogFacts, taxonomy: Taxonomy) -> Diagnosis:
