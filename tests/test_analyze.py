@@ -198,6 +198,17 @@ def test_public_report_fixtures(expected_file, record_property):
     )
 
 
+def test_the_fixture_table_lists_every_fixture():
+    """tests/fixtures/logs/README.md's table is generated from the expected.json files: current."""
+    sys.path.insert(0, str(ROOT / "tools"))
+    try:
+        import fixture_table
+    finally:
+        sys.path.pop(0)
+    readme = (FIXTURES / "logs" / "README.md").read_text()
+    assert fixture_table.render(readme) == readme, "run: python tools/fixture_table.py"
+
+
 SUSPECT_FIXTURES = [p for p in LOG_FIXTURES if "suspected_rank" in json.loads(p.read_text())]
 
 
