@@ -55,6 +55,8 @@ def reconcile(facts: LogFacts, taxonomy: Taxonomy) -> Analysis:
             diagnosis = _no_rank_failed(facts)
         elif diagnosis.failure_class == "collective_timeout" and diagnosis.initiating_rank is None:
             diagnosis = _schedules_part(facts, taxonomy) or diagnosis
+    if diagnosis.failure_class == "hang" and diagnosis.initiating_rank is not None:
+        diagnosis = _stuck_together(facts, taxonomy) or diagnosis
     if diagnosis.failure_class in _FINGERPRINT_OVERRIDES:
         diagnosis = _fingerprints(facts, taxonomy, diagnosis) or diagnosis
     if diagnosis.initiating_rank is None and diagnosis.failure_class in _WAITING_CLASSES:
@@ -437,6 +439,39 @@ def _fingerprints(facts: LogFacts, taxonomy: Taxonomy, diagnosis: Diagnosis) -> 
     if named_verdict.initiating_rank != culprit:
         return None
     return replace(named_verdict, failure_class=cls, signature_id=sig.id, fix=sig.fix, verify=sig.verify)
+
+
+_GLOG_CLOCK = re.compile(r"\b[EWIF]\d{4} (?P<h>\d\d):(?P<m>\d\d):(?P<s>\d\d(?:\.\d+)?)\b")
+TOGETHER_S = 5.0  # heartbeat monitors that fired this close fired together
+
+
+def _stuck_together(facts: LogFacts, taxonomy: Taxonomy) -> Diagnosis | None:
+    """Two or more ranks whose ProcessGroupNCCL watchdogs got stuck at the same moment (the heartbeat
+    monitor's report, within a few seconds): the whole job stalled together, and which rank was first
+    is not in the logs. No rank is named."""
+    stuck: dict[int, float | None] = {}
+    for r in facts.ranks.values():
+        for h in r.hits:
+            if h.signature.id == "nccl-heartbeat-stuck":
+                m = _GLOG_CLOCK.search(h.text)
+                stuck[r.rank] = 3600 * int(m["h"]) + 60 * int(m["m"]) + float(m["s"]) if m else None
+                break
+    if len(stuck) < 2:
+        return None
+    clocks = [c for c in stuck.values() if c is not None]
+    if clocks and (len(clocks) < len(stuck) or max(clocks) - min(clocks) > TOGETHER_S):
+        return None
+    ranks = sorted(stuck)
+    sig = taxonomy.get("nccl-heartbeat-stuck")
+    summary = (
+        f"The NCCL watchdogs of ranks {', '.join(map(str, ranks))} got stuck at the same moment (the heartbeat "
+        "monitor's report, then the abort: exit -6): the whole job stalled together, and these logs do not "
+        "show which rank stopped first (no collective timed out, no rank failed differently). No rank is "
+        "named: take the stacks of every rank while it hangs (py-spy dump, or the flight recorder with "
+        "TORCH_NCCL_DUMP_ON_TIMEOUT=1) to see where each one is."
+    )
+    lines = tuple(next(h.text for h in facts.ranks[r].hits if h.signature.id == sig.id) for r in ranks)
+    return unattributed(sig, "hang", summary, lines, {r: "unknown" for r in facts.ranks})
 
 
 def _seqs_part(seen: dict[int, tuple[int, str, int | None]], facts: LogFacts, taxonomy: Taxonomy) -> Diagnosis:
