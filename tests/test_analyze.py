@@ -329,6 +329,36 @@ def test_a_log_that_shows_a_failure_is_never_healthy(tmp_path, text, cls):
     assert a.failure_seen and a.diagnosis.summary
 
 
+@pytest.mark.parametrize(
+    ("text", "rank", "cls"),
+    [
+        ("torch.distributed.DistBackendError: NCCL error in: ../torch/csrc/distributed/c10d/NCCLUtils.hpp:275, "
+         "unhandled cuda error (run with NCCL_DEBUG=INFO for details), NCCL version 2.20.5\nncclUnhandledCudaError: "
+         "Call to CUDA function failed.\nLast error:\nCuda failure 'out of memory'\n", None, "cuda_oom"),
+        ("[rank3]: RuntimeError: NCCL communicator was aborted on rank 3.\n", None, "collective_timeout"),
+        ("[rank0]: torch.distributed.DistBackendError: NCCL error in: ../torch/csrc/distributed/c10d/ProcessGroupNCCL"
+         ".cpp:1970, unhandled system error (run with NCCL_DEBUG=INFO for details), NCCL version 2.21.5\n[rank0]: "
+         "Last error:\n[rank0]: socketStartConnect: Connect to 10.0.0.2<52321> failed : Software caused connection "
+         "abort\n", 0, "network_error"),
+        ("torch.multiprocessing.spawn.ProcessExitedException: process 1 terminated with signal SIGKILL\n", 1, "killed"),
+        ("Exception: process 2 terminated with signal SIGSEGV\n", 2, "segfault"),
+        ("RuntimeError: Timed out initializing process group in store based barrier on rank: 2, for key: "
+         "store_based_barrier_key:1 (world_size=4, worker_count=3, timeout=0:30:00)\n", None, "rendezvous_timeout"),
+        ("subprocess.CalledProcessError: Command '['/usr/bin/python', 'train.py']' died with <Signals.SIGKILL: 9>.\n",
+         None, "killed"),
+        ("RuntimeError: Expected all tensors to be on the same device, but found at least two devices, cuda:1 and "
+         "cuda:0!\n", None, "python_exception"),
+    ],
+    ids=["nccl-cuda-oom", "communicator-aborted", "socket-connect", "spawn-sigkill", "spawn-sigsegv",
+         "store-barrier", "accelerate-sigkill", "bare-exception"],
+)  # fmt: skip
+def test_one_or_two_pasted_lines_are_classified(tmp_path, text, rank, cls):
+    """What people paste into an issue title or a chat: a line or two, no prefix, no launcher summary."""
+    (tmp_path / "console.log").write_text(text)
+    d = analyze_paths([tmp_path]).diagnosis
+    assert (d.initiating_rank, d.failure_class) == (rank, cls), d.summary
+
+
 def test_healthy_only_when_the_run_says_it_ended_well(tmp_path):
     log = tmp_path / "console.log"
     log.write_text("[default0]:epoch 1 step 100 loss 2.31\n[default1]:epoch 1 step 100 loss 2.30\n")

@@ -340,7 +340,9 @@ class Analyzer:
                 hits.append((sig, m))
         if rank is None:
             for sig, _m in hits:
-                if sig.id != "python-exception":
+                # an exception no line ties to a rank counts (a one-line paste, a console without
+                # prefixes), except the launcher's own, which only report the ranks' failures
+                if sig.id != "python-exception" or (exc and exc["type"].rsplit(".", 1)[-1] not in _LAUNCHER_EXCEPTIONS):
                     hit = Hit(sig, text, idx, offset, self._order)
                     if parsed.pid is not None:
                         self.facts.pid_hits.append((parsed.pid, hit))
@@ -434,6 +436,11 @@ def _last_lines(path: Path, n: int) -> tuple[str, ...]:
     except (OSError, EOFError):
         pass  # a truncated or corrupt archive: the lines before the damage count
     return tuple(raw.decode("utf-8", errors="replace") for raw in last)
+
+
+# what launchers raise about their workers' failures (torchrun, torch.multiprocessing.spawn, accelerate)
+_LAUNCHER_EXCEPTIONS = ("ChildFailedError", "SignalException", "CalledProcessError", "ProcessExitedException",
+                        "ProcessRaisedException")  # fmt: skip
 
 
 _ANCHOR_TEXT = tuple(a.decode() for a in ANCHORS)
