@@ -148,6 +148,22 @@ PROGRESS_MAX_BYTES = 1 << 20
 FR_ERRORS = (ValueError, pickle.UnpicklingError, EOFError, TypeError, KeyError, IndexError)
 
 
+def read_tail_bytes(path: Path, max_lines: int, max_bytes: int = TAIL_BYTES) -> list[bytes]:
+    """The last ``max_lines`` lines of a file split at ``\n`` alone, undecoded (the offline analyzer
+    decodes only the few it reads), from at most ``max_bytes`` at its end."""
+    try:
+        with open(path, "rb") as fp:
+            fp.seek(0, os.SEEK_END)
+            fp.seek(max(0, fp.tell() - max_bytes))
+            return last_lines_of(fp.read(max_bytes), max_lines)
+    except OSError:
+        return []
+
+
+def last_lines_of(data: bytes, max_lines: int) -> list[bytes]:
+    return data.rstrip(b"\r\n").rsplit(b"\n", max_lines)[-max_lines:] if data.strip() else []
+
+
 def read_tail(
     path: Path, max_lines: int, max_bytes: int = TAIL_BYTES, *, newline_only: bool = False
 ) -> tuple[str, ...]:
@@ -167,8 +183,7 @@ def read_tail(
     except OSError:
         return ()
     if newline_only:
-        raw = data.rstrip(b"\r\n").rsplit(b"\n", max_lines)[-max_lines:] if data.strip() else []
-        return tuple(line.decode("utf-8", errors="replace").rstrip("\r") for line in raw)
+        return tuple(line.decode("utf-8", errors="replace").rstrip("\r") for line in last_lines_of(data, max_lines))
     text = data.decode("utf-8", errors="replace")
     lines = text.splitlines()
     if start > 0 and lines:

@@ -387,7 +387,7 @@ def test_every_completion_line_is_looked_for(line):
     (a quick test before parsing): each kind of completion line holds one."""
     from elastic_diag.offline.analyze import _COMPLETION_WORDS
 
-    assert completion_line(line) and any(w in line for w in _COMPLETION_WORDS)
+    assert completion_line(line) and any(w.decode() in line for w in _COMPLETION_WORDS)
 
 
 def test_exit_status_says_whether_a_failure_was_found(tmp_path):

@@ -46,7 +46,7 @@ from elastic_diag.layout import (
     exception_from_file_data,
     load_flight_record,
     read_json,
-    read_tail,
+    read_tail_bytes,
 )
 from elastic_diag.offline.files import (
     ANCHORS,
@@ -72,7 +72,7 @@ MAX_HITS_PER_RANK = 64
 CONTEXT_LINES = 100
 COMPLETION_LINES = 200  # how far from a file's end a line saying the run ended well is looked for
 # every completion line (core/log_lines.completion_line) holds one of these
-_COMPLETION_WORDS = ("successfully", "SUCCEEDED", "Training completed", "Trainer.fit", "code 0", "status 0")
+_COMPLETION_WORDS = (b"successfully", b"SUCCEEDED", b"Training completed", b"Trainer.fit", b"code 0", b"status 0")
 
 
 # --- walking the paths ---------------------------------------------------------------------------
@@ -226,13 +226,13 @@ class Analyzer:
         if rank is not None:
             log = self.facts.rank(rank)
             for line in last[-TAIL_LINES:]:
-                log.last_lines.append(self.parse(line).text[:2000])
-        blob = "\n".join(last)
+                log.last_lines.append(self.parse(_decode(line)).text[:2000])
+        blob = b"\n".join(last)
         if not any(word in blob for word in _COMPLETION_WORDS):
             return
         for line in last:
             if any(word in line for word in _COMPLETION_WORDS):
-                text = self.parse(line).text.strip()
+                text = self.parse(_decode(line)).text.strip()
                 if completion_line(text):
                     self.facts.completion_lines.append(text[:500])
                     return
@@ -423,11 +423,11 @@ class Analyzer:
         return [line[:2000] for line in before[-CONTEXT_LINES:]] + [decisive[:2000]]
 
 
-def _last_lines(path: Path, n: int) -> tuple[str, ...]:
-    """The last lines of a log: the live capture's bounded reader, or for a gzipped log the whole stream
-    read once (a compressed file cannot be read from its end)."""
+def _last_lines(path: Path, n: int) -> list[bytes]:
+    """The last lines of a log, undecoded: the live capture's bounded reader, or for a gzipped log the
+    whole stream read once (a compressed file cannot be read from its end)."""
     if not path.name.endswith(GZIP_SUFFIX):
-        return read_tail(path, n, newline_only=True)
+        return read_tail_bytes(path, n)
     last: deque[bytes] = deque(maxlen=n)
     try:
         with open_log(path) as fp:
@@ -435,7 +435,11 @@ def _last_lines(path: Path, n: int) -> tuple[str, ...]:
                 last.append(raw.rstrip(b"\r\n"))
     except (OSError, EOFError):
         pass  # a truncated or corrupt archive: the lines before the damage count
-    return tuple(raw.decode("utf-8", errors="replace") for raw in last)
+    return list(last)
+
+
+def _decode(line: bytes) -> str:
+    return line.decode("utf-8", errors="replace").rstrip("\r")
 
 
 # what launchers raise about their workers' failures (torchrun, torch.multiprocessing.spawn, accelerate)
