@@ -359,6 +359,26 @@ def test_one_or_two_pasted_lines_are_classified(tmp_path, text, rank, cls):
     assert (d.initiating_rank, d.failure_class) == (rank, cls), d.summary
 
 
+def test_a_log_hard_wrapped_at_the_terminal_width_reads_as_the_whole_one(tmp_path):
+    """A paste out of tmux or a fixed-width terminal: every long line cut at the same column. The lines
+    are joined back before matching, and the verdict is the one of the log with its lines whole."""
+    lines = [f"[rank{r}]:[E1201 10:00:0{r}.123456789 ProcessGroupNCCL.cpp:632] [Rank {r}] Watchdog caught collective "
+             f"operation timeout: WorkNCCL(SeqNum={101 if r != 2 else 97}, OpType=ALLREDUCE, NumelIn=1, NumelOut=1, "
+             "Timeout(ms)=600000) ran for 600071 milliseconds before timing out." for r in range(4)]  # fmt: skip
+    whole = tmp_path / "whole"
+    whole.mkdir()
+    (whole / "console.log").write_text("\n".join(lines) + "\n")
+    wrapped = tmp_path / "wrapped"
+    wrapped.mkdir()
+    width = 97
+    (wrapped / "console.log").write_text("".join(
+        "".join(line[i : i + width] + "\n" for i in range(0, len(line), width)) for line in lines))  # fmt: skip
+    expected = analyze_paths([whole]).diagnosis
+    assert (expected.initiating_rank, expected.failure_class) == (2, "collective_desync"), expected.summary
+    got = analyze_paths([wrapped]).diagnosis
+    assert (got.initiating_rank, got.failure_class) == (2, "collective_desync"), got.summary
+
+
 def test_healthy_only_when_the_run_says_it_ended_well(tmp_path):
     log = tmp_path / "console.log"
     log.write_text("[default0]:epoch 1 step 100 loss 2.31\n[default1]:epoch 1 step 100 loss 2.30\n")

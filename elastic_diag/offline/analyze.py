@@ -55,12 +55,15 @@ from elastic_diag.offline.files import (
     MAPPING_ANCHORS,
     OTHER_COMPRESSED,
     SUMMARY_MARK,
+    WRAP_JOIN,
     LineFinder,
     choose_prefilter,
     grep_batches,
     is_binary,
     iter_files,
     open_log,
+    unwrap,
+    wrap_width,
 )
 from elastic_diag.offline.ranks import RankResolver
 from elastic_diag.offline.reconcile import reconcile
@@ -101,6 +104,7 @@ class Analyzer:
         self._order = 0
         # a file's last lines are often candidate lines already parsed (a rank's final error lines)
         self.parse = functools.lru_cache(maxsize=8192)(parse_line)
+        self._wrap: int | None = None  # the width the file being read was hard-wrapped at
 
     @property
     def ranks(self) -> dict[int, RankLog]:
@@ -142,8 +146,9 @@ class Analyzer:
                 continue
             try:
                 with open(f, "rb") as fp:
-                    if is_binary(fp.read(8192)):
-                        continue
+                    head = fp.read(8192)
+                    if is_binary(head) or wrap_width(head):
+                        continue  # a hard-wrapped log is unwrapped by the Python reader
             except OSError:
                 continue
             eligible.append(f)
@@ -216,7 +221,11 @@ class Analyzer:
             file_rank = rank_from_path(path)
             self.resolver.start_file(fp, head, file_rank)
             fp.seek(0)
-            self._scan(fp, idx, file_rank, self._read_chunk)
+            self._wrap = wrap_width(head)
+            try:
+                self._scan(fp, idx, file_rank, self._read_chunk)
+            finally:
+                self._wrap = None
         self._read_end(path, file_rank)
 
     def _read_end(self, path: Path, rank: int | None) -> None:
@@ -269,6 +278,10 @@ class Analyzer:
                 continue
             if cut < 0:
                 cut = len(data) - 1  # a giant line: cut it
+            if self._wrap and cut > 0:  # a wrapped line at the end stays with its continuation
+                prev = data.rfind(b"\n", 0, cut)
+                if cut - prev - 1 == self._wrap and prev >= 0:
+                    cut = prev
             chunk, carry = data[: cut + 1], data[cut + 1 :]
             on_chunk(chunk, base, idx, file_rank)
             base += len(chunk)
@@ -284,6 +297,8 @@ class Analyzer:
     def _read_chunk(self, chunk: bytes, base: int, idx: int, file_rank: int | None) -> None:
         """The first pass: who printed, torchrun's summary, and every candidate line."""
         self.resolver.count_lines(chunk, file_rank)
+        if self._wrap:
+            chunk = unwrap(chunk, self._wrap)
         starts, summary_at = self.find_lines(chunk)
         if self.summary.active:
             summary_at = 0
@@ -293,6 +308,8 @@ class Analyzer:
             end = chunk.find(b"\n", start)
             end = len(chunk) if end < 0 else end
             raw = chunk[start : min(end, start + MAX_LINE)].decode("utf-8", errors="replace")
+            if self._wrap:
+                raw = raw.replace(WRAP_JOIN.decode(), "")
             for line in _frames(raw):
                 self._line(line, base + start, idx, file_rank)
 

@@ -198,6 +198,53 @@ def grep_batches(files: list[Path], progress: Callable[[str], None]) -> Iterator
                 yield batch, out
 
 
+WRAP_JOIN = b"\x00"  # what replaces the newline of a hard-wrapped line (the offsets stay those of the file)
+
+
+# how a log line starts: a bracketed prefix, a date, a glog level, a traceback's lines
+_LINE_START = re.compile(
+    rb"^(?:\[|\d{4}-\d\d-\d\d|[IWEF]\d{4} |\d+: |\s*File \"|Traceback|[\w.]*(?:Error|Exception)\b)"
+)
+
+
+def _continues(line: bytes, nxt: bytes) -> bool:
+    """Whether ``nxt`` reads as the rest of ``line`` cut at the terminal's width, not a line of its own:
+    it does not start the way log lines start, nor with ``line``'s own first bytes (the next rank's
+    copy of the same message)."""
+    return bool(nxt) and not _LINE_START.match(nxt) and nxt[:3] != line[:3] and not line.endswith(b" ")
+
+
+def wrap_width(head: bytes) -> int | None:
+    """The width a terminal or tmux pane hard-wrapped this log at, when it was: three or more lines of
+    exactly the longest length (80 columns or more) and most of them followed by a line that reads as
+    their continuation. Lines of one length by chance (every rank's copy of one message) are not."""
+    lines = [line.rstrip(b"\r") for line in head.split(b"\n")[:-1]]
+    if len(lines) < 4:
+        return None
+    width = max(len(line) for line in lines)
+    cut = [i for i, line in enumerate(lines[:-1]) if len(line) == width]
+    if width < 80 or len(cut) < 3:
+        return None
+    continued = sum(_continues(lines[i], lines[i + 1]) for i in cut)
+    return width if 3 * continued >= 2 * len(cut) else None
+
+
+def unwrap(chunk: bytes, width: int) -> bytes:
+    """The chunk with every line of exactly ``width`` bytes that the next line continues joined to it (its
+    newline becomes :data:`WRAP_JOIN`, so every offset stays the file's own); the reader drops the joins."""
+    out = bytearray(chunk)
+    start = 0
+    while True:
+        nl = chunk.find(b"\n", start)
+        if nl < 0:
+            return bytes(out)
+        if nl - start == width:
+            nxt_end = chunk.find(b"\n", nl + 1)
+            if _continues(chunk[start:nl], chunk[nl + 1 : nxt_end if nxt_end >= 0 else len(chunk)]):
+                out[nl] = WRAP_JOIN[0]
+        start = nl + 1
+
+
 PREFILTERS = ("hyperscan", "grep", "python")
 _GREP_ARGV = ("grep", "-a", "-b", "-H", "-Z", "-E", "-e")
 
