@@ -14,6 +14,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+import re
 from collections import deque
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -343,6 +344,8 @@ class Analyzer:
         rank = self.resolver.line_rank(parsed, text, file_rank)
         self.resolver.record_mappings(parsed, text, rank)
         self._order += 1
+        if _PHASE.search(text):
+            self.facts.phase_lines.append((rank, self._order, text[:300]))
         exc = EXC_LINE.match(text)
         hits = []
         for sig, m in self.taxonomy.match_line(text):
@@ -457,6 +460,11 @@ def _last_lines(path: Path, n: int) -> list[bytes]:
 
 def _decode(line: bytes) -> str:
     return line.decode("utf-8", errors="replace").rstrip("\r")
+
+
+# a rank-local phase beginning: a checkpoint save, an evaluation (what one rank's path alone may do)
+_PHASE = re.compile(r"\b(?:[Ss]aving (?:model )?(?:checkpoint|model|state|weights)|[Ee]valuating|Running [Ee]valuation|"
+                    r"[Vv]alidation (?:sanity check|loop|epoch|DataLoader))")  # fmt: skip
 
 
 # what launchers raise about their workers' failures (torchrun, torch.multiprocessing.spawn, accelerate)

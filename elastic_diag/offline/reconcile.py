@@ -311,6 +311,8 @@ def _with_suspect(facts: LogFacts, diagnosis: Diagnosis) -> Diagnosis:
     if odd is None:
         odd = _only_silent_rank(facts)
     if odd is None:
+        odd = _rank_zero_path(facts, seen)
+    if odd is None:
         return diagnosis
     rank, reason = odd
     return replace(diagnosis, suspected_rank=rank, suspected_reason=reason,
@@ -335,6 +337,36 @@ def _only_silent_rank(facts: LogFacts) -> tuple[int, str] | None:
               "rank among them that reported nothing: it may never have reached that collective, or its output "
               "is not in these logs")  # fmt: skip
     return rank, reason
+
+
+CONTROL_NUMEL = 1024  # a collective this small carries a flag, a metric, a path: not gradients
+
+
+def _rank_zero_path(facts: LogFacts, seen: dict[int, tuple[int, str, int | None]]) -> tuple[int, str] | None:
+    """Every rank that timed out waits in the same collective, rank 0 is not among them, and either the
+    collective is a BROADCAST (whose root is rank 0 in nearly every framework) or it is a small one right
+    after a phase that frameworks run on rank 0 alone (a line "Saving checkpoint ...", "Evaluating" from
+    rank 0 or from a logger with no rank prefix): rank 0 was most likely still in that path."""
+    if not seen or 0 in seen or len({(seq, op) for seq, op, _ in seen.values()}) != 1:
+        return None
+    log0 = facts.ranks.get(0)
+    if log0 is not None and (log0.hits or log0.exception is not None):
+        return None
+    seq, op, _ = next(iter(seen.values()))
+    waiters = ", ".join(map(str, sorted(seen)))
+    if op == "BROADCAST" and len(seen) >= 2:
+        return 0, (f"ranks {waiters} timed out in BROADCAST #{seq}, whose root is rank 0 in nearly every "
+                   "framework (sending a flag, a path, generated samples), and rank 0 reported no timeout")  # fmt: skip
+    if any(numel is None or numel > CONTROL_NUMEL for _, _, numel in seen.values()):
+        return None
+    first = min((h.order for r in seen for h in facts.ranks[r].hits if _WATCHDOG.search(h.text)), default=None)
+    before = [(rank, text) for rank, order, text in facts.phase_lines if first is not None and order < first]
+    if not before or before[-1][0] not in (None, 0):
+        return None
+    who = "rank" if len(seen) == 1 else "ranks"
+    phase = before[-1][1][:120]
+    return 0, (f"{who} {waiters} timed out in a {op} of at most {CONTROL_NUMEL} elements (#{seq}) right after "
+               f'"{phase}", a phase frameworks run on rank 0 alone; rank 0 reported no timeout')  # fmt: skip
 
 
 def _waits(h: Hit) -> bool:

@@ -20,6 +20,7 @@ from elastic_diag.layout import ANALYSIS_SCHEMA
 
 SCHEMA = ANALYSIS_SCHEMA
 TAIL_LINES = 20
+PHASE_LINES = 32
 MAX_FAILURE_LINES = 8
 # an exception's last line: `module.SomeError: message` (shared by the reader and the reconciler), also
 # as an excepthook logs it (OLMo: "Uncaught OLMoThreadError: ...")
@@ -67,6 +68,9 @@ class LogFacts:
     ds_mapping: dict[str, list[int]] = field(default_factory=dict)  # DeepSpeed: host -> its global ranks
     pids: dict[int, int] = field(default_factory=dict)  # pid -> rank
     sigtermed: set[int] = field(default_factory=set)  # pids torch's agent sent a closing signal: alive at teardown
+    # lines that say a rank-local phase began (saving a checkpoint, evaluating): (rank or None, read order,
+    # text); the last few are kept, for the suspect of a timeout that follows one
+    phase_lines: deque[tuple[int | None, int, str]] = field(default_factory=lambda: deque(maxlen=PHASE_LINES))
     pid_hits: list[tuple[int, Hit]] = field(default_factory=list)  # error lines known only by a pid
     ds_exits: list[tuple[str | None, int, int]] = field(default_factory=list)  # DeepSpeed: (host, local rank, exit)
     launcher_exits: list[tuple[int, int]] = field(default_factory=list)  # other launchers: (global rank, exit)
