@@ -106,6 +106,7 @@ class Analyzer:
         # a file's last lines are often candidate lines already parsed (a rank's final error lines)
         self.parse = functools.lru_cache(maxsize=8192)(parse_line)
         self._wrap: int | None = None  # the width the file being read was hard-wrapped at
+        self._block_rank: int | None = None  # torch.multiprocessing.spawn: the process whose traceback follows
 
     @property
     def ranks(self) -> dict[int, RankLog]:
@@ -226,7 +227,7 @@ class Analyzer:
             try:
                 self._scan(fp, idx, file_rank, self._read_chunk)
             finally:
-                self._wrap = None
+                self._wrap = self._block_rank = None
         self._read_end(path, file_rank)
 
     def _read_end(self, path: Path, rank: int | None) -> None:
@@ -342,6 +343,10 @@ class Analyzer:
         if launcher_exit is not None:
             self.facts.launcher_exits.append(launcher_exit)
         rank = self.resolver.line_rank(parsed, text, file_rank)
+        if (block := _SPAWN_BLOCK.search(text)) is not None:
+            self._block_rank = int(block["rank"])  # the traceback after it is that process's
+        elif rank is None:
+            rank = self._block_rank
         self.resolver.record_mappings(parsed, text, rank)
         self._order += 1
         if _PHASE.search(text):
@@ -462,6 +467,9 @@ def _decode(line: bytes) -> str:
     return line.decode("utf-8", errors="replace").rstrip("\r")
 
 
+# torch.multiprocessing.spawn's ProcessRaisedException: "-- Process 1 terminated with the following error:",
+# then that process's traceback, without prefixes (its index is its rank)
+_SPAWN_BLOCK = re.compile(r"^-- Process (?P<rank>\d+) terminated with the following error")
 # a rank-local phase beginning: a checkpoint save, an evaluation (what one rank's path alone may do)
 _PHASE = re.compile(r"\b(?:[Ss]aving (?:model )?(?:checkpoint|model|state|weights)|[Ee]valuating|Running [Ee]valuation|"
                     r"[Vv]alidation (?:sanity check|loop|epoch|DataLoader))")  # fmt: skip
