@@ -242,3 +242,24 @@ def test_a_progress_bar_and_colours_do_not_hide_the_traceback():
     found = scan_lines(lines, TAX)
     assert found is not None and found.exception is not None
     assert (found.exception.type, found.exception.message) == ("ValueError", "bad batch")
+
+
+def test_a_native_line_before_the_traceback_it_caused_is_the_first_error():
+    """A DataLoader worker's own signal handler writes its line, then the main process's read of the
+    worker's pipe fails (torch 2.13: a bare ConnectionResetError, its traceback the stream's last
+    lines). The worker's line came first and says what happened, also when the stream ends there."""
+    lines = [
+        "ERROR: Unexpected segmentation fault encountered in worker.",
+        "\x00[rank1]: Traceback (most recent call last):",
+        '[rank1]:   File "/app/train.py", line 34, in main',
+        "[rank1]:     for x in loader:",
+        '[rank1]:   File "/usr/lib/python3.11/multiprocessing/connection.py", line 395, in _recv',
+        "[rank1]:     chunk = read(handle, remaining)",
+        "[rank1]: ConnectionResetError: [Errno 104] Connection reset by peer",
+    ]
+    first = scan_lines(lines, TAX)
+    assert first is not None and first.text == lines[0]
+    scanner = ErrorScanner(TAX)
+    for i, line in enumerate(lines):
+        scanner.feed(line, float(i))
+    assert (settled := scanner.settled(100.0)) is not None and settled.text == lines[0]

@@ -105,14 +105,17 @@ class ErrorScanner:
             and block.exception_at is not None
             and now - block.exception_at >= after_s
         ):
-            return self._judge(block)
+            judged = self._judge(block)
+            # a native error line printed before the traceback came first (as in feed)
+            return (self._pending or judged) if judged is not None else None
         return None
 
     def first(self) -> ErrorLine | None:
         """The first own error, a traceback still being written counted as complete (the stream may
         have ended with it: the rank died), and a native error line with nothing after it."""
         if self._found is None and self._block is not None:
-            return self._judge(self._block) or self._pending
+            judged = self._judge(self._block)
+            return (self._pending or judged) if judged is not None else self._pending
         return self._found or self._pending
 
     def feed(self, raw: str, arrival: float) -> None:
