@@ -101,6 +101,7 @@ ENV_NO_TORCH_HOOKS = "ELASTIC_DIAG_NO_TORCH_HOOKS"
 ENV_BEACON = "ELASTIC_DIAG_BEACON"
 # read by the launcher and the analyzer (the settings' own variables are in elastic_diag.config)
 ENV_CLOCK_SKEW = "ELASTIC_DIAG_CLOCK_SKEW"  # a test hook: seconds added to this host's clock (agent and ranks)
+ENV_SWITCH = "ELASTIC_DIAG"  # "1": torch's own c10d and static rendezvous run with diagnosis (plain torchrun)
 ENV_NO_GREP = "ELASTIC_DIAG_NO_GREP"  # "1": the analyzer never uses the system grep as its prefilter
 # the analyzer's first stage: "hyperscan", "grep", "python" or "auto" (the fastest that works here)
 ENV_PREFILTER = "ELASTIC_DIAG_PREFILTER"

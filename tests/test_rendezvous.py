@@ -3,6 +3,7 @@ the Python API: the same verdict as torchrun-diag on the same failure."""
 
 from __future__ import annotations
 
+import socket
 import sys
 
 import pytest
@@ -36,6 +37,35 @@ def test_plain_torchrun_with_the_diag_backend_gives_the_same_verdict(tmp_path):
     assert "rank      : 2" in root[:600], root[:600]
 
 
+def test_the_switch_under_torchrun_standalone_gives_the_same_verdict(tmp_path):
+    """ELASTIC_DIAG=1 with torchrun's own backends: --standalone (which forces c10d) names what
+    torchrun-diag names on the same failure, and the backend keeps its name (torch's branches on it
+    behave as before)."""
+    run = launch(plain_torchrun("--standalone", "--nproc-per-node", "3", *SCRIPT), tmp_path,
+                 env={"ELASTIC_DIAG": "1", "ELASTIC_DIAG_DIR": str(tmp_path), **GRACE})  # fmt: skip
+    assert verdict(run.report) == TORCHRUN_DIAG_SAYS
+    assert run.returncode == 1 and "elastic_diag: job FAILED: initiating rank 2" in run.stderr
+    assert "started by ELASTIC_DIAG=1 (torchrun --rdzv-backend c10d)" in run.report["notes"][0]
+
+
+def test_the_switch_under_the_static_backend_and_not_under_an_invalid_value(tmp_path):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    static = ["--rdzv-backend", "static", "--master-addr", "127.0.0.1", "--master-port", str(port),
+              "--nnodes", "1", "--node-rank", "0", "--nproc-per-node", "2"]  # fmt: skip
+    failing = [*SCRIPT[:1], "--inject", "segfault", "--culprit-rank", "1", "--steps", "8"]
+    run = launch(plain_torchrun(*static, *failing), tmp_path / "on", env={"ELASTIC_DIAG": "1",
+                 "ELASTIC_DIAG_DIR": str(tmp_path / "on")})  # fmt: skip
+    assert verdict(run.report)[:2] == ("segfault", 1)
+    assert "started by ELASTIC_DIAG=1 (torchrun --rdzv-backend static)" in run.report["notes"][0]
+    off = tmp_path / "invalid"
+    plain = launch(plain_torchrun("--standalone", "--nproc-per-node", "2", *failing), off,
+                   env={"ELASTIC_DIAG": "yes", "ELASTIC_DIAG_DIR": str(off)})  # fmt: skip
+    assert plain.returncode == 1 and not (off / "report.json").exists()
+    assert "ELASTIC_DIAG='yes' is not 1 or 0; diagnosis stays off" in plain.stderr
+
+
 def test_the_backend_from_the_environment_as_with_every_torchrun_flag(tmp_path):
     run = launch(plain_torchrun(*NODE, *SCRIPT[:1], "--inject", "segfault", "--culprit-rank", "1"), tmp_path,
                  env={"PET_RDZV_BACKEND": "diag+c10d", "ELASTIC_DIAG_DIR": str(tmp_path)})  # fmt: skip
@@ -60,3 +90,23 @@ except ChildFailedError as e:
     run = launch([sys.executable, "-c", code], tmp_path)
     assert "ChildFailedError 1" in run.stdout, run.stderr[-3000:]
     assert verdict(run.report)[:2] == ("silent_exit", 1)
+
+
+def test_the_switch_values_and_the_wrapped_creators_keep_their_names(monkeypatch):
+    from torch.distributed.elastic.rendezvous.api import rendezvous_handler_registry
+
+    from elastic_diag.launch.rendezvous import WRAPPED, switch_setting, wrap_torch_backends
+
+    assert [switch_setting({"ELASTIC_DIAG": v}) for v in ("1", " 1 ", "0", "")] == ["on", "on", "off", "off"]
+    assert switch_setting({}) == "off" and switch_setting({"ELASTIC_DIAG": "2"}) == "invalid"
+    table = rendezvous_handler_registry._registry
+    before = {name: table[name] for name in WRAPPED}
+    try:
+        wrap_torch_backends()
+        wrapped = {name: table[name] for name in WRAPPED}
+        wrap_torch_backends()  # twice (the entry point and a second import): wrapped once
+        assert {name: table[name] for name in WRAPPED} == wrapped
+        assert all(getattr(c, "_elastic_diag_wrapped", False) for c in wrapped.values())
+        assert set(WRAPPED) <= set(table)  # still registered under torch's own names
+    finally:
+        table.update(before)

@@ -26,6 +26,8 @@ from typing import Any
 
 from torch.distributed.elastic.rendezvous.api import RendezvousHandler, RendezvousInfo, RendezvousParameters
 
+from elastic_diag.layout import ENV_SWITCH
+
 logger = logging.getLogger(__name__)
 
 BACKEND = "diag+c10d"
@@ -82,11 +84,59 @@ def create_handler(params: RendezvousParameters) -> RendezvousHandler:
 
 
 def handler_factory() -> Callable[[RendezvousParameters], RendezvousHandler]:
-    """The ``torchrun.handlers`` entry point (called with no arguments at registration)."""
+    """The ``torchrun.handlers`` entry point (called with no arguments at registration). With
+    ``ELASTIC_DIAG=1`` it also wraps torch's own ``c10d`` and ``static`` creators (:func:`switch_on`)."""
+    if switch_setting() == "on":
+        wrap_torch_backends()
     return create_handler
 
 
-def select_diag_agent(run_id: str) -> None:
+WRAPPED = ("c10d", "static")  # what torchrun --standalone forces, what accelerate and TorchTitan pass
+
+
+def switch_setting(environ: dict[str, str] | None = None) -> str:
+    """``ELASTIC_DIAG``: "on" (1), "off" (unset, empty or 0), or "invalid" (anything else: said once,
+    and the job runs as plain torchrun would)."""
+    value = (os.environ if environ is None else environ).get(ENV_SWITCH, "").strip()
+    if value in ("", "0"):
+        return "off"
+    if value == "1":
+        return "on"
+    logger.warning("elastic_diag: %s=%r is not 1 or 0; diagnosis stays off (set %s=1 to turn it on)",
+                   ENV_SWITCH, value, ENV_SWITCH)  # fmt: skip
+    return "invalid"
+
+
+def wrap_torch_backends() -> None:
+    """Replace torch's ``c10d`` and ``static`` creators by ones that build the very same handler (the
+    backend keeps its name, so every torch branch that tests it behaves as before) and select the
+    diagnosing agent for the launch, as ``diag+c10d`` does. torchrun-diag (which builds its own agent)
+    takes the switch out of its environment."""
+    from torch.distributed.elastic.rendezvous.api import rendezvous_handler_registry
+
+    table: dict[str, Any] = rendezvous_handler_registry._registry  # the registry refuses a second creator
+    for name in WRAPPED:
+        original = table.get(name)
+        if original is None or getattr(original, "_elastic_diag_wrapped", False):
+            continue
+
+        def creator(params: RendezvousParameters, _original: Any = original, _name: str = name) -> RendezvousHandler:
+            if switch_setting() == "on":
+                os.environ.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")  # as torchrun-diag does
+            handler: RendezvousHandler = _original(params)
+            if switch_setting() == "on":
+                try:
+                    select_diag_agent(params.run_id, f"{ENV_SWITCH}=1 (torchrun --rdzv-backend {_name})")
+                except Exception as e:  # the job runs on as plain torchrun; say so
+                    logger.warning("elastic_diag: %s=1 could not select the diagnosing agent (%r); running as "
+                                   "plain torchrun", ENV_SWITCH, e)  # fmt: skip
+            return handler
+
+        creator._elastic_diag_wrapped = True  # type: ignore[attr-defined]
+        table[name] = creator
+
+
+def select_diag_agent(run_id: str, started_by: str = f"torchrun --rdzv-backend {BACKEND}") -> None:
     """Make the next ``LocalElasticAgent(...)`` built by torch's ``launch_agent`` a DiagAgent."""
     import torch.distributed.launcher.api as torch_launcher
 
@@ -103,11 +153,18 @@ def select_diag_agent(run_id: str) -> None:
 
         session, kwargs["logs_specs"] = open_session(DiagConfig.resolve(), run_id=run_id,
                                                      logs_specs=kwargs.get("logs_specs"))  # fmt: skip
-        session.note(f"started by torchrun --rdzv-backend {BACKEND} at {datetime.now().isoformat(timespec='seconds')}")
+        session.note(f"started by {started_by} at {datetime.now().isoformat(timespec='seconds')}")
         return DiagAgent(*args, session=session, print_summary=True, **kwargs)
 
     build._elastic_diag_factory = True  # type: ignore[attr-defined]
     launcher_api.LocalElasticAgent = build
 
 
-__all__ = ["BACKEND", "DiagRendezvousHandler", "create_handler", "handler_factory"]
+__all__ = [
+    "BACKEND",
+    "DiagRendezvousHandler",
+    "create_handler",
+    "handler_factory",
+    "switch_setting",
+    "wrap_torch_backends",
+]

@@ -24,6 +24,7 @@ from elastic_diag.errors import (
     EXIT_VERIFY_FAILED,
     UsageError,
 )
+from elastic_diag.layout import ENV_SWITCH
 
 logger = logging.getLogger("elastic_diag")
 
@@ -216,6 +217,9 @@ def run_diagnosed(args: argparse.Namespace) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = get_parser()
     args = parser.parse_args(list(argv) if argv is not None else None)
+    # ELASTIC_DIAG=1 turns diagnosis on under plain torchrun; torchrun-diag builds its own agent (and
+    # --no-diag means none), so the switch's wrapped rendezvous must not select another one
+    os.environ.pop(ENV_SWITCH, None)
     if args.no_diag:
         return run_plain_torchrun(args)
     try:
