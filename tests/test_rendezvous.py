@@ -3,11 +3,15 @@ the Python API: the same verdict as torchrun-diag on the same failure."""
 
 from __future__ import annotations
 
+import json
+import os
+import signal
 import socket
+import subprocess
 import sys
 
 import pytest
-from helpers import COMPARED, EXAMPLE, launch, plain_torchrun, script_args
+from helpers import COMPARED, EXAMPLE, ROOT, kill_leftovers, launch, plain_torchrun, script_args
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(200)]
 
@@ -110,3 +114,28 @@ def test_the_switch_values_and_the_wrapped_creators_keep_their_names(monkeypatch
         assert set(WRAPPED) <= set(table)  # still registered under torch's own names
     finally:
         table.update(before)
+
+
+def test_two_one_node_jobs_with_no_endpoint_do_not_join_each_other(tmp_path):
+    """Without --rdzv-endpoint, torch's c10d binds localhost:29400 with run id "none": a second job on
+    the host would join the first's rendezvous. diag+c10d gives each its own port and run id."""
+    argv = plain_torchrun("--rdzv-backend", "diag+c10d", "--nnodes", "1", "--nproc-per-node", "2",
+                          *SCRIPT[:1], "--steps", "12")  # fmt: skip
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    procs = [subprocess.Popen(argv, env={**env, "ELASTIC_DIAG_DIR": str(tmp_path / name)}, cwd=ROOT,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+             for name in ("a", "b")]  # fmt: skip
+    try:
+        outs = [p.communicate(timeout=150) for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
+        for name in ("a", "b"):
+            kill_leftovers(tmp_path / name)
+    for p, (_out, err) in zip(procs, outs, strict=True):
+        assert p.returncode == 0, err[-3000:]
+    reports = [json.loads((tmp_path / name / "report.json").read_text()) for name in ("a", "b")]
+    assert [r["status"] for r in reports] == ["succeeded", "succeeded"]
+    assert [len(r["ranks"]) for r in reports] == [2, 2]  # each its own two ranks, not one job of four
+    assert reports[0]["run_id"] != reports[1]["run_id"]

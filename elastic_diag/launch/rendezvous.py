@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import logging
 import os
+import uuid
 from collections.abc import Callable
 from datetime import datetime
 from typing import Any
@@ -74,6 +75,7 @@ def create_handler(params: RendezvousParameters) -> RendezvousHandler:
 
     # as torchrun-diag does: with gloo, restarts through the shared rendezvous store fail in torch 2.13
     os.environ.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
+    own_endpoint(params)
     backend, store = create_backend(params)
     handler = DiagRendezvousHandler(create_dynamic(store, backend, params))
     try:
@@ -81,6 +83,19 @@ def create_handler(params: RendezvousParameters) -> RendezvousHandler:
     except Exception as e:  # the job runs on as plain torchrun; say so
         logger.warning("elastic_diag: diag+c10d could not select the diagnosing agent (%r); running as c10d", e)
     return handler
+
+
+def own_endpoint(params: RendezvousParameters) -> None:
+    """A one-node ``diag+c10d`` job with no endpoint would bind torch's default ``localhost:29400``
+    with run id ``none``, and a second such job on the host would join the first one's rendezvous.
+    It gets what ``--standalone`` gives: a free port on 127.0.0.1 and a fresh run id."""
+    if params.endpoint or params.max_nodes != 1:
+        return
+    params.endpoint = "127.0.0.1:0"
+    if params.run_id in ("", "none"):
+        params.run_id = f"diag-{uuid.uuid4().hex[:12]}"
+    logger.info("elastic_diag: one node and no --rdzv-endpoint: rendezvous on %s, run id %s", params.endpoint,
+                params.run_id)  # fmt: skip
 
 
 def handler_factory() -> Callable[[RendezvousParameters], RendezvousHandler]:
