@@ -18,6 +18,7 @@ EXIT_FAILED = 1  # the job failed, as plain torchrun exits
 EXIT_USAGE = 2  # a usage error caught before any worker started (argparse uses 2 as well)
 EXIT_RESTART_REFUSED = 3  # the job failed and the restart gate refused a restart
 EXIT_VERIFY_FAILED = 4  # the job failed and a verification control failed, so no restart
+EXIT_SIGNALLED = 128  # + the signal's number: the launcher was stopped from outside (143 SIGTERM, 130 SIGINT)
 
 
 class ElasticDiagError(Exception):

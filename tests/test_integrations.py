@@ -4,12 +4,17 @@ runs a real framework on CPU with a failure on one rank; the report names that r
 
 from __future__ import annotations
 
+import json
+import os
 import shutil
+import signal
+import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
-from helpers import ROOT, launch, plain_torchrun
+from helpers import ROOT, kill_leftovers, launch, plain_torchrun, script_args, torchrun_diag
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(300)]
 
@@ -51,3 +56,58 @@ def test_fabric_run(tmp_path):
     run = launch(argv, tmp_path, timeout=240, env={"ELASTIC_DIAG": "1", "ELASTIC_DIAG_DIR": str(tmp_path)})
     assert run.returncode == 1, run.stderr[-3000:]
     assert _verdict(run.report) == (2, "python_exception", "IndexError")
+
+
+def _signal_when_training(argv: list[str], diag_dir: Path, signum: int, env: dict[str, str]) -> tuple[int, str]:
+    """Start the launcher, wait until rank 0's beacon has counted a few steps, send it ``signum`` as
+    Slurm's scancel or a Kubernetes eviction would (SIGTERM) or Ctrl-C (SIGINT); its exit status and stderr."""
+    full_env = {**os.environ, "OMP_NUM_THREADS": "1", **env}
+    proc = subprocess.Popen(argv, cwd=ROOT, env=full_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)  # fmt: skip
+    progress = diag_dir / "attempt_0" / "rank_0" / "progress.json"
+    try:
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline and proc.poll() is None:
+            try:
+                if json.loads(progress.read_text()).get("steps", 0) >= 3:
+                    break
+            except (OSError, ValueError):
+                pass
+            time.sleep(0.2)
+        assert proc.poll() is None, "the launcher ended before it was signalled"
+        os.kill(proc.pid, signum)
+        _out, err = proc.communicate(timeout=120)
+        return proc.returncode, err
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+        kill_leftovers(diag_dir)
+
+
+@pytest.mark.parametrize(("signum", "code"), [(signal.SIGTERM, 143), (signal.SIGINT, 130)], ids=["sigterm", "sigint"])
+def test_a_signal_to_the_launcher_is_a_stop_from_outside(tmp_path, signum, code):
+    """scancel, a time limit, preemption or an eviction (SIGTERM), or Ctrl-C (SIGINT): the launcher passes
+    the signal on to the workers as torchrun does, writes a report with status "stopped", class killed and
+    no initiating rank, and exits 128 + the signal's number. No worker is left."""
+    argv = torchrun_diag("--standalone", "--nproc-per-node", "2", "--diag-dir", str(tmp_path), *script_args("none"),
+                         "--steps", "100000")  # fmt: skip
+    returncode, err = _signal_when_training(argv, tmp_path, signum, {})
+    assert returncode == code, err[-3000:]
+    report = json.loads((tmp_path / "report.json").read_text())
+    d = report["diagnosis"]
+    assert (report["status"], d["failure_class"], d["initiating_rank"]) == ("stopped", "killed", None)
+    name = signal.Signals(signum).name
+    assert f"Stopped from outside by {name} at step " in d["summary"]
+    assert "job STOPPED from outside" in err and "Traceback" not in err.split("job STOPPED")[-1]
+    ps = subprocess.run(["pgrep", "-f", f"--diag-dir {tmp_path}"], capture_output=True, text=True, check=False)
+    assert ps.stdout.strip() == "", "a process of the job is still running"
+
+
+def test_a_signal_under_plain_torchrun_with_the_switch_writes_the_stopped_report(tmp_path):
+    argv = plain_torchrun("--standalone", "--nproc-per-node", "2", *script_args("none"), "--steps", "100000")
+    returncode, err = _signal_when_training(argv, tmp_path, signal.SIGTERM,
+                                            {"ELASTIC_DIAG": "1", "ELASTIC_DIAG_DIR": str(tmp_path)})  # fmt: skip
+    assert returncode != 0  # torchrun's own exit for a signalled launcher
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert (report["status"], report["diagnosis"]["failure_class"]) == ("stopped", "killed")

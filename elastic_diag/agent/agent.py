@@ -21,6 +21,7 @@ from typing import Any
 
 from torch.distributed.elastic.agent.server.api import DEFAULT_ROLE, RunResult, WorkerGroup, WorkerState
 from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
+from torch.distributed.elastic.multiprocessing import SignalException
 from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
 from torch.distributed.elastic.rendezvous.api import RendezvousTimeoutError
 
@@ -53,7 +54,14 @@ class DiagAgent(LocalElasticAgent):
         self._restart_gate = RestartGate(session)
 
     def run(self, role: str = DEFAULT_ROLE) -> RunResult:
-        result: RunResult = super().run(role)
+        try:
+            result: RunResult = super().run(role)
+        except SignalException as e:  # torch has passed the signal on to the workers and stopped them
+            if self._print_summary:  # plain torchrun: it exits as torch does, with the report written
+                with self._session.guard("writing the report of a launcher stopped by a signal"):
+                    report = self._session.finish_stopped(e.sigval)
+                    print_summary(report, str(self._session.report_path))
+            raise
         if self._print_summary:
             with self._session.guard("writing the report at the end of the run"):
                 report = self._session.finish("succeeded" if result.state == WorkerState.SUCCEEDED else "failed")

@@ -71,6 +71,26 @@ class Diagnosis:
 HEALTHY = Diagnosis(failure_class="healthy", summary="All ranks finished successfully.")
 
 
+def stopped_from_outside(signal_name: str, step: int | None, ranks: list[int]) -> Diagnosis:
+    """The launcher itself got SIGTERM or SIGINT (scancel, a time limit, preemption, an eviction, Ctrl-C)
+    and passed it on to every rank: no rank failed, nobody in the job is to blame."""
+    at = f" at step {step}" if step is not None else ""
+    who = f"ranks {format_ranks(ranks)}" if ranks else "the ranks"
+    return Diagnosis(
+        failure_class="killed",
+        summary=(
+            f"Stopped from outside by {signal_name}{at}: the launcher received it and passed it on to {who}, "
+            "as torchrun does. No rank failed on its own. If nobody stopped the job by hand, the scheduler did "
+            "(scancel, a time limit, preemption, a Kubernetes eviction): its log says which."
+        ),
+        evidence=(f"the launcher received {signal_name}",),
+        fix="Resume from the last checkpoint; if a time limit stopped it, ask for more time or checkpoint more often.",
+        verify="sacct -j <job id> -o JobID,State,ExitCode,Elapsed  # or the pod's events: who sent the signal",
+        rule="stopped_from_outside",
+        retryable=True,
+    )
+
+
 def format_ranks(ranks: list[int]) -> str:
     """``0-736, 738-1023``: runs of three or more consecutive ranks as ranges (summaries of big jobs)."""
     if not ranks:

@@ -20,6 +20,7 @@ from elastic_diag.errors import (
     EXIT_FAILED,
     EXIT_OK,
     EXIT_RESTART_REFUSED,
+    EXIT_SIGNALLED,
     EXIT_USAGE,
     EXIT_VERIFY_FAILED,
     UsageError,
@@ -149,6 +150,7 @@ def run_plain_torchrun(args: argparse.Namespace) -> int:
 
 
 def run_diagnosed(args: argparse.Namespace) -> int:
+    from torch.distributed.elastic.multiprocessing import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.elastic.multiprocessing.errors.error_handler import ErrorHandler
     from torch.distributed.run import config_from_args
@@ -204,6 +206,10 @@ def run_diagnosed(args: argparse.Namespace) -> int:
         return {"refused": EXIT_RESTART_REFUSED, "verification_failed": EXIT_VERIFY_FAILED}.get(
             session.gate_outcome or "", EXIT_FAILED
         )
+    except SignalException as e:  # scancel, a time limit, preemption, an eviction, Ctrl-C
+        report = session.finish_stopped(e.sigval)
+        print_summary(report, str(session.report_path))
+        return EXIT_SIGNALLED + int(e.sigval)
     except BaseException as e:
         text = "".join(traceback.format_exception(e))
         report = session.finish("failed", launch_diagnosis=classify_launch_error(text, context=session.launch_context))

@@ -105,7 +105,7 @@ def build_report(
             ),
             rule="all_succeeded",
         ).to_json()
-    elif launch_diagnosis is not None and (last is None or last["status"] != "failed"):
+    elif launch_diagnosis is not None and (last is None or last["status"] != "failed" or status == "stopped"):
         diagnosis = launch_diagnosis.to_json()
     elif last is not None:
         diagnosis = dict(last["diagnosis"])

@@ -9,15 +9,17 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import signal
 import socket
 from collections.abc import Callable, Iterator
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 from elastic_diag.config import DiagConfig
 from elastic_diag.core.evidence import AttemptEvidence
-from elastic_diag.core.verdict import AttemptStatus, Diagnosis, RunStatus
-from elastic_diag.layout import REPORT_FILE, attempt_dir_name
+from elastic_diag.core.verdict import AttemptStatus, Diagnosis, RunStatus, stopped_from_outside
+from elastic_diag.layout import PROGRESS_FILE, REPORT_FILE, attempt_dir_name, read_progress
 from elastic_diag.report.document import AttemptRecord, build_report, write_json_atomic
 from elastic_diag.report.html import write_html
 
@@ -98,6 +100,27 @@ class DiagSession:
 
     def note(self, text: str) -> None:
         self.notes.append(text)
+
+    def finish_stopped(self, signum: int) -> dict[str, Any]:
+        """The launcher was signalled from outside: status ``stopped``, no rank to blame, the step the
+        ranks had reached (their beacons' progress.json in the newest attempt)."""
+        try:
+            name = signal.Signals(signum).name
+        except ValueError:
+            name = f"signal {signum}"
+        steps: list[int] = []
+        ranks: list[int] = []
+        attempts = sorted(self.config.diag_dir.glob("attempt_*"), key=lambda p: int(p.name.split("_")[-1])
+                          if p.name.split("_")[-1].isdigit() else -1)  # fmt: skip
+        for rank_dir in sorted(attempts[-1].glob("rank_*")) if attempts else []:
+            progress = read_progress(rank_dir / PROGRESS_FILE)
+            if rank_dir.name.split("_")[-1].isdigit():
+                ranks.append(int(rank_dir.name.split("_")[-1]))
+            if progress is not None and isinstance(progress.get("steps"), int):
+                steps.append(progress["steps"])
+        self.note(f"the launcher received {name} at {datetime.now().isoformat(timespec='seconds')}")
+        return self.finish("stopped", launch_diagnosis=stopped_from_outside(name, max(steps) if steps else None,
+                                                                             sorted(ranks)))  # fmt: skip
 
     def finish(self, status: RunStatus, launch_diagnosis: Diagnosis | None = None) -> dict[str, Any]:
         self.status = status

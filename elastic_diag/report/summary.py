@@ -38,9 +38,13 @@ def format_summary(report: dict[str, Any], report_path: str, *, paint: Paint | N
         elif d.get("all_ranks"):
             who = "every rank failed the same way"
         exc = f" ({d['exception_type']})" if d.get("exception_type") else ""
-        lines.append(
-            paint("elastic_diag: job FAILED: ", "bold", "red") + paint(f"{who}: {d['failure_class']}{exc}", "bold")
-        )
+        if report["status"] == "stopped":  # signalled from outside: no rank failed
+            stopped = paint("elastic_diag: job STOPPED from outside: ", "bold", "yellow")
+            lines.append(stopped + paint("no rank failed", "bold"))
+        else:
+            lines.append(
+                paint("elastic_diag: job FAILED: ", "bold", "red") + paint(f"{who}: {d['failure_class']}{exc}", "bold")
+            )
         lines.append(f"  {d['summary']}")
         if d["evidence"]:
             lines.append("  decisive lines:")
