@@ -22,9 +22,66 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+
+
+# Python logging WARNING lines and warnings.warn pairs as real training runs print them: (prefix,
+# timestamp, step, rng) -> lines
+_WARNINGS: list[Callable[[str, str, int, random.Random], list[str]]] = [
+    lambda p, ts, step, rng: [
+        f"{p}[{ts}] [WARNING] [stage3.py:2117:step] {rng.randrange(1, 9)} pytorch allocator cache flushes since "
+        "last step. this happens when there is high memory pressure and is detrimental to performance. if this is "
+        "happening frequently consider adjusting settings to reduce memory consumption. If you are unable to make "
+        "the cache flushes go away consider adding get_accelerator().empty_cache() calls in your training loop to "
+        "ensure that all ranks flush their caches at the same time\n"
+    ],
+    lambda p, ts, step, rng: [
+        f"{p}{ts} - WARNING - data.dataset - sample {rng.randrange(10**6)} has {rng.randrange(4097, 9000)} tokens, "
+        "truncated to 4096\n"
+    ],
+    lambda p, ts, step, rng: [
+        f"{p}/opt/conda/lib/python3.11/site-packages/torch/utils/checkpoint.py:91: UserWarning: None of the inputs "
+        "have requires_grad=True. Gradients will be None\n",
+        f"{p}  warnings.warn(\n",
+    ],
+    lambda p, ts, step, rng: [
+        f"{p}/opt/conda/lib/python3.11/site-packages/torch/amp/grad_scaler.py:132: FutureWarning: "
+        "`torch.cuda.amp.GradScaler(args...)` is deprecated. Please use `torch.amp.GradScaler('cuda', args...)` "
+        "instead.\n"
+    ],
+    lambda p, ts, step, rng: [
+        f"{p}{ts} WARNING  transformers.modeling_utils: `use_cache=True` is incompatible with gradient "
+        "checkpointing. Setting `use_cache=False`.\n"
+    ],
+    lambda p, ts, step, rng: [
+        f"{p}WARNING:root:skipping batch {step}: {rng.randrange(1, 5)} samples empty after filtering\n"
+    ],
+    lambda p, ts, step, rng: [
+        f"{p}[{ts}] [WARNING] [lr_schedules.py:683:step] Tried to get lr value before scheduler/optimizer started "
+        "stepping, returning lr=0\n"
+    ],
+]
+# NCCL_DEBUG=INFO messages of a communicator being set up: (rank, ranks, rng) -> the text after "NCCL INFO "
+_NCCL_INFO: list[Callable[[int, int, random.Random], str]] = [
+    lambda r, n, rng: (
+        f"Channel {rng.randrange(32):02d}/0 : {r}[{r % 8}] -> {(r + 1) % n}[{(r + 1) % 8}] via P2P/CUMEM/read"
+    ),
+    lambda r, n, rng: (
+        f"comm 0x{rng.randrange(1 << 40):x} rank {r} nranks {n} cudaDev {r % 8} nvmlDev {r % 8} "
+        f"busId {18 + r % 8}000 commId 0x{rng.randrange(1 << 60):x} - Init COMPLETE"
+    ),
+    lambda r, n, rng: (
+        "NET/Plugin: Plugin load (libnccl-net.so) returned 2 : libnccl-net.so: cannot open shared "
+        "object file: No such file or directory : when loading libnccl-net.so"
+    ),
+    lambda r, n, rng: "Connected all rings, use ring PXN 0 GDR 1",
+    lambda r, n, rng: (
+        "24 coll channels, 24 collnet channels, 0 nvls channels, 32 p2p channels, 32 p2p channels per peer"
+    ),
+]
 
 
 def _chatter_lines(rank: int, ranks: int, n: int, rng: random.Random, t0: float) -> list[str]:
@@ -44,73 +101,10 @@ def _chatter_lines(rank: int, ranks: int, n: int, rng: random.Random, t0: float)
         ts = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(t)) + f",{int(t * 1000) % 1000:03d}"
         roll = rng.random()
         if roll < 0.34:  # WARNING: a quarter of all lines say WARNING
-            kind = rng.randrange(7)
-            if kind == 0:
-                out.append(
-                    f"{p}[{ts}] [WARNING] [stage3.py:2117:step] {rng.randrange(1, 9)} pytorch allocator cache "
-                    "flushes since last step. this happens when there is high memory pressure and is detrimental "
-                    "to performance. if this is happening frequently consider adjusting settings to reduce memory "
-                    "consumption. If you are unable to make the cache flushes go away consider adding "
-                    "get_accelerator().empty_cache() calls in your training loop to ensure that all ranks flush "
-                    "their caches at the same time\n"
-                )
-            elif kind == 1:
-                out.append(
-                    f"{p}{ts} - WARNING - data.dataset - sample {rng.randrange(10**6)} has "
-                    f"{rng.randrange(4097, 9000)} tokens, truncated to 4096\n"
-                )
-            elif kind == 2:
-                out.append(
-                    f"{p}/opt/conda/lib/python3.11/site-packages/torch/utils/checkpoint.py:91: UserWarning: "
-                    "None of the inputs have requires_grad=True. Gradients will be None\n"
-                )
-                out.append(f"{p}  warnings.warn(\n")
-            elif kind == 3:
-                out.append(
-                    f"{p}/opt/conda/lib/python3.11/site-packages/torch/amp/grad_scaler.py:132: FutureWarning: "
-                    "`torch.cuda.amp.GradScaler(args...)` is deprecated. Please use "
-                    "`torch.amp.GradScaler('cuda', args...)` instead.\n"
-                )
-            elif kind == 4:
-                out.append(
-                    f"{p}{ts} WARNING  transformers.modeling_utils: `use_cache=True` is incompatible with "
-                    "gradient checkpointing. Setting `use_cache=False`.\n"
-                )
-            elif kind == 5:
-                out.append(
-                    f"{p}WARNING:root:skipping batch {step}: {rng.randrange(1, 5)} samples empty after filtering\n"
-                )
-            else:
-                out.append(
-                    f"{p}[{ts}] [WARNING] [lr_schedules.py:683:step] Tried to get lr value before "
-                    "scheduler/optimizer started stepping, returning lr=0\n"
-                )
+            out.extend(rng.choice(_WARNINGS)(p, ts, step, rng))
         elif roll < 0.42:  # NCCL_DEBUG=INFO: a communicator set up for a sub-group, every rank
-            c = rng.randrange(32)
-            kind = rng.randrange(5)
             head = f"{p}{host}:{pid}:{pid + 61} [{rank % 8}] NCCL INFO "
-            if kind == 0:
-                out.append(
-                    f"{head}Channel {c:02d}/0 : {rank}[{rank % 8}] -> {(rank + 1) % ranks}[{(rank + 1) % 8}] "
-                    "via P2P/CUMEM/read\n"
-                )
-            elif kind == 1:
-                out.append(
-                    f"{head}comm 0x{rng.randrange(1 << 40):x} rank {rank} nranks {ranks} cudaDev {rank % 8} "
-                    f"nvmlDev {rank % 8} busId {18 + rank % 8}000 commId 0x{rng.randrange(1 << 60):x} - Init COMPLETE\n"
-                )
-            elif kind == 2:
-                out.append(
-                    f"{head}NET/Plugin: Plugin load (libnccl-net.so) returned 2 : libnccl-net.so: cannot open "
-                    "shared object file: No such file or directory : when loading libnccl-net.so\n"
-                )
-            elif kind == 3:
-                out.append(f"{head}Connected all rings, use ring PXN 0 GDR 1\n")
-            else:
-                out.append(
-                    f"{head}{24} coll channels, 24 collnet channels, 0 nvls channels, 32 p2p channels, "
-                    "32 p2p channels per peer\n"
-                )
+            out.append(head + rng.choice(_NCCL_INFO)(rank, ranks, rng) + "\n")
         elif roll < 0.49:  # a tqdm bar: frames rewritten with \r, one physical line
             total = 1000
             frames = []
