@@ -7,9 +7,10 @@ below.
 from __future__ import annotations
 
 import os
+import socket
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -24,11 +25,15 @@ ENV_VERIFY = "ELASTIC_DIAG_VERIFY"  # controls separated by ";"
 ENV_CHECKPOINT_DIR = "ELASTIC_DIAG_CHECKPOINT_DIR"
 ENV_VERIFY_TIMEOUT = "ELASTIC_DIAG_VERIFY_TIMEOUT"
 ENV_CONFIG = "ELASTIC_DIAG_CONFIG"
+ENV_REQUEUE_EXIT_CODE = "ELASTIC_DIAG_REQUEUE_EXIT_CODE"
+ENV_TERMINATION_LOG = "ELASTIC_DIAG_TERMINATION_LOG"
+# Kubernetes reads a container's termination message from this file (terminationMessagePath's default)
+KUBERNETES_TERMINATION_LOG = "/dev/termination-log"
 DEFAULT_VERIFY_TIMEOUT_S = 120.0
 DEFAULT_VERIFY_RETRIES = 2
 # The settings a [tool.elastic_diag] table may hold (names as in DiagConfig.resolve).
 TOML_KEYS = ("diag_dir", "grace", "stack_timeout", "tail_lines", "hang_timeout", "restart_policy", "verify",
-             "checkpoint_dir", "verify_timeout", "verify_retries")  # fmt: skip
+             "checkpoint_dir", "verify_timeout", "verify_retries", "requeue_exit_code", "termination_log")  # fmt: skip
 
 DEFAULT_RUNS_DIR = "elastic_diag_runs"
 DEFAULT_GRACE_S = 5.0
@@ -36,10 +41,61 @@ DEFAULT_STACK_TIMEOUT_S = 2.0
 DEFAULT_TAIL_LINES = 40
 
 
-def default_diag_dir(now: float | None = None) -> Path:
-    """A durable, unique folder under the working directory (never a temp dir)."""
+def default_diag_dir(now: float | None = None, environ: Mapping[str, str] | None = None) -> Path:
+    """A durable, unique folder under the working directory (never a temp dir).
+
+    Inside a Slurm step (``srun``) it is named by the job and the step, ``slurm-<job>.<step>`` (and
+    ``-r<N>`` after the N-th requeue), so every node of the step picks the same name: on a shared file
+    system they share one folder and the leader writes the merged report. Elsewhere in a Slurm job
+    (the batch script itself) the job id leads the usual time-stamped name."""
+    env = os.environ if environ is None else environ
     stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(now))
-    return Path.cwd() / DEFAULT_RUNS_DIR / f"{stamp}-{uuid.uuid4().hex[:6]}"
+    job = env.get("SLURM_JOB_ID", "").strip()
+    if job and env.get("SLURM_STEP_ID", "").strip().isdigit():
+        restart = env.get("SLURM_RESTART_COUNT", "").strip()
+        again = f"-r{restart}" if restart.isdigit() and int(restart) > 0 else ""
+        return Path.cwd() / DEFAULT_RUNS_DIR / f"slurm-{_safe(job)}.{env['SLURM_STEP_ID'].strip()}{again}"
+    lead = f"slurm-{_safe(job)}-" if job else ""
+    return Path.cwd() / DEFAULT_RUNS_DIR / f"{lead}{stamp}-{uuid.uuid4().hex[:6]}"
+
+
+def _safe(text: str) -> str:
+    return "".join(c if c.isalnum() or c in "._-" else "_" for c in text)[:64]
+
+
+def host_name(environ: Mapping[str, str] | None = None) -> str:
+    """This node's name as the scheduler knows it: Slurm's ``SLURMD_NODENAME`` (what ``squeue`` and
+    ``sinfo`` print, also when several slurmd share one host), else the host name (the pod's name on
+    Kubernetes)."""
+    env = os.environ if environ is None else environ
+    return env.get("SLURMD_NODENAME", "").strip() or socket.gethostname()
+
+
+def parse_requeue_exit_code(raw: object, source: str = "--diag-requeue-exit-code") -> int | None:
+    """An exit status 1..255 (not 2, 3, 4, the launcher's own usage and gate codes), or None (off)."""
+    if raw is None or (isinstance(raw, str) and raw.strip().lower() in ("", "off", "none")):
+        return None
+    try:
+        code = int(str(raw).strip())
+    except ValueError as e:
+        raise UsageError(f"{source} {raw!r}: expected an exit status between 1 and 255") from e
+    if not 1 <= code <= 255:
+        raise UsageError(f"{source} {raw!r}: an exit status must be between 1 and 255")
+    if code in (2, 3, 4):
+        raise UsageError(f"{source} {code}: 2, 3 and 4 are torchrun-diag's own exit statuses (usage error, restart "
+                         "refused, verification failed); pick another, e.g. 75 (EX_TEMPFAIL)")  # fmt: skip
+    return code
+
+
+def parse_termination_log(raw: object) -> Path | None:
+    """``auto`` (default): Kubernetes' /dev/termination-log when it exists; ``off``; or a path."""
+    value = "auto" if raw is None else str(raw).strip()
+    if value.lower() in ("", "auto"):
+        default = Path(KUBERNETES_TERMINATION_LOG)
+        return default if default.exists() else None
+    if value.lower() in ("off", "none", "0"):
+        return None
+    return Path(value).absolute()
 
 
 def parse_hang_timeout(raw: str, source: str = "--diag-hang-timeout") -> float | None:
@@ -112,6 +168,10 @@ class DiagConfig:
     checkpoint_dir: Path | None = None
     verify_timeout_s: float = DEFAULT_VERIFY_TIMEOUT_S
     verify_retries: int = DEFAULT_VERIFY_RETRIES
+    # the exit status of a retryable failure that no restart can mend here (restarts used up, a node
+    # lost): Slurm's RequeueExit= or a retry loop requeues the job on it; None: exit 1 as torchrun does
+    requeue_exit_code: int | None = None
+    termination_log: Path | None = None  # where the summary goes for `kubectl describe pod`; None: nowhere
 
     def __post_init__(self) -> None:
         # a str where a Path belongs (the Python API): accept it
@@ -129,6 +189,8 @@ class DiagConfig:
             raise UsageError(f"--diag-verify-timeout {self.verify_timeout_s}: must be between 1 and 86400 seconds")
         if not 0 <= self.verify_retries <= 20:
             raise UsageError(f"--diag-verify-retries {self.verify_retries}: must be between 0 and 20")
+        if self.requeue_exit_code is not None:
+            parse_requeue_exit_code(self.requeue_exit_code)
 
     @classmethod
     def resolve(
@@ -145,6 +207,8 @@ class DiagConfig:
         verify_timeout_s: float | None = None,
         verify_retries: int | None = None,
         config_file: str | None = None,
+        requeue_exit_code: int | None = None,
+        termination_log: str | None = None,
     ) -> DiagConfig:
         """CLI values (None when not given) over environment over a ``[tool.elastic_diag]`` table
         (``config_file``, else ``$ELASTIC_DIAG_CONFIG``, else ./pyproject.toml if it has one) over defaults."""
@@ -171,6 +235,8 @@ class DiagConfig:
             raw_verify = [v.strip() for v in raw_verify.split(";") if v.strip()]
         raw_ckpt = pick(checkpoint_dir, ENV_CHECKPOINT_DIR, "checkpoint_dir")
         raw_hang = pick(hang_timeout, ENV_HANG_TIMEOUT, "hang_timeout")
+        raw_requeue = pick(requeue_exit_code, ENV_REQUEUE_EXIT_CODE, "requeue_exit_code")
+        raw_termination = pick(termination_log, ENV_TERMINATION_LOG, "termination_log")
         return cls(
             diag_dir=Path(str(raw_dir)).absolute() if raw_dir else default_diag_dir(),
             grace_s=number(grace_s, ENV_GRACE, "grace", DEFAULT_GRACE_S),
@@ -182,6 +248,8 @@ class DiagConfig:
             checkpoint_dir=Path(str(raw_ckpt)).absolute() if raw_ckpt else None,
             verify_timeout_s=number(verify_timeout_s, ENV_VERIFY_TIMEOUT, "verify_timeout", DEFAULT_VERIFY_TIMEOUT_S),
             verify_retries=int(number(verify_retries, None, "verify_retries", DEFAULT_VERIFY_RETRIES)),
+            requeue_exit_code=parse_requeue_exit_code(raw_requeue, sources["requeue_exit_code"]),
+            termination_log=parse_termination_log(raw_termination),
         )
 
     def check_writable(self) -> None:

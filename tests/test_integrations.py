@@ -90,11 +90,14 @@ def test_a_signal_to_the_launcher_is_a_stop_from_outside(tmp_path, signum, code)
     """scancel, a time limit, preemption or an eviction (SIGTERM), or Ctrl-C (SIGINT): the launcher passes
     the signal on to the workers as torchrun does, writes a report with status "stopped", class killed and
     no initiating rank, and exits 128 + the signal's number. No worker is left."""
-    argv = torchrun_diag("--standalone", "--nproc-per-node", "2", "--diag-dir", str(tmp_path), *script_args("none"),
+    termination_log = tmp_path / "termination-log"
+    argv = torchrun_diag("--standalone", "--nproc-per-node", "2", "--diag-dir", str(tmp_path),
+                         "--diag-termination-log", str(termination_log), *script_args("none"),
                          "--steps", "100000")  # fmt: skip
     returncode, err = _signal_when_training(argv, tmp_path, signum, {})
     assert returncode == code, err[-3000:]
     report = json.loads((tmp_path / "report.json").read_text())
+    assert termination_log.read_text().startswith("elastic_diag: job STOPPED from outside (no rank failed): Stopped")
     d = report["diagnosis"]
     assert (report["status"], d["failure_class"], d["initiating_rank"]) == ("stopped", "killed", None)
     name = signal.Signals(signum).name
@@ -108,6 +111,6 @@ def test_a_signal_under_plain_torchrun_with_the_switch_writes_the_stopped_report
     argv = plain_torchrun("--standalone", "--nproc-per-node", "2", *script_args("none"), "--steps", "100000")
     returncode, err = _signal_when_training(argv, tmp_path, signal.SIGTERM,
                                             {"ELASTIC_DIAG": "1", "ELASTIC_DIAG_DIR": str(tmp_path)})  # fmt: skip
-    assert returncode != 0  # torchrun's own exit for a signalled launcher
+    assert returncode == 143, err[-3000:]  # as torchrun-diag (plain torchrun: 1 and a traceback)
     report = json.loads((tmp_path / "report.json").read_text())
     assert (report["status"], report["diagnosis"]["failure_class"]) == ("stopped", "killed")

@@ -45,11 +45,17 @@ def test_the_switch_under_torchrun_standalone_gives_the_same_verdict(tmp_path):
     """ELASTIC_DIAG=1 with torchrun's own backends: --standalone (which forces c10d) names what
     torchrun-diag names on the same failure, and the backend keeps its name (torch's branches on it
     behave as before)."""
+    termination_log = tmp_path / "termination-log"  # what a pod's /dev/termination-log would get
     run = launch(plain_torchrun("--standalone", "--nproc-per-node", "3", *SCRIPT), tmp_path,
-                 env={"ELASTIC_DIAG": "1", "ELASTIC_DIAG_DIR": str(tmp_path), **GRACE})  # fmt: skip
+                 env={"ELASTIC_DIAG": "1", "ELASTIC_DIAG_DIR": str(tmp_path), **GRACE,
+                      "ELASTIC_DIAG_TERMINATION_LOG": str(termination_log)})  # fmt: skip
     assert verdict(run.report) == TORCHRUN_DIAG_SAYS
     assert run.returncode == 1 and "elastic_diag: job FAILED: initiating rank 2" in run.stderr
     assert "started by ELASTIC_DIAG=1 (torchrun --rdzv-backend c10d)" in run.report["notes"][0]
+    message = termination_log.read_text()
+    assert message.startswith("elastic_diag: job FAILED: initiating rank 2 on ") and len(message.encode()) <= 4096
+    assert "python_exception (ValueError, signature python-exception)" in message
+    assert message.endswith(f"Report: {tmp_path / 'report.json'}")
 
 
 def test_the_switch_under_the_static_backend_and_not_under_an_invalid_value(tmp_path):
@@ -68,6 +74,26 @@ def test_the_switch_under_the_static_backend_and_not_under_an_invalid_value(tmp_
                    env={"ELASTIC_DIAG": "yes", "ELASTIC_DIAG_DIR": str(off)})  # fmt: skip
     assert plain.returncode == 1 and not (off / "report.json").exists()
     assert "ELASTIC_DIAG='yes' is not 1 or 0; diagnosis stays off" in plain.stderr
+
+
+def test_the_switch_with_a_diag_dir_on_a_read_only_mount_runs_plain_torchrun_and_says_so(tmp_path):
+    """Where the switch cannot work (here: the diag dir cannot be written), the job still runs, as
+    plain torchrun would, and the launcher says why there is no diagnosis."""
+    mount = tmp_path / "ro"
+    mount.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=1m", "tmpfs", str(mount)], capture_output=True,
+                      check=False).returncode != 0:  # fmt: skip
+        pytest.skip("cannot mount a read-only tmpfs here (needs root)")
+    try:
+        run = subprocess.run(plain_torchrun("--standalone", "--nproc-per-node", "2", *SCRIPT[:1], "--steps", "4"),
+                             env={**os.environ, "OMP_NUM_THREADS": "1", "ELASTIC_DIAG": "1",
+                                  "ELASTIC_DIAG_DIR": str(mount / "run")},
+                             cwd=ROOT, capture_output=True, text=True, timeout=120, check=False)  # fmt: skip
+    finally:
+        subprocess.run(["umount", str(mount)], check=False)
+    assert run.returncode == 0, run.stderr[-3000:]  # the job ran and succeeded
+    assert "is not writable (Read-only file system)" in run.stderr and "ELASTIC_DIAG_DIR" in run.stderr
+    assert "the job runs WITHOUT diagnosis, as plain torchrun" in run.stderr
 
 
 def test_the_backend_from_the_environment_as_with_every_torchrun_flag(tmp_path):

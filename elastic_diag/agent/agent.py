@@ -14,8 +14,9 @@ from __future__ import annotations
 import logging
 import os
 import signal
-import socket
+import sys
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -31,9 +32,11 @@ from elastic_diag.agent.clock import skewed_clock
 from elastic_diag.agent.cluster import Cluster, StoreExchange
 from elastic_diag.agent.logs_specs import DiagLogsSpecs
 from elastic_diag.agent.restart import RestartGate, resume_env
+from elastic_diag.config import ENV_REQUEUE_EXIT_CODE, host_name
 from elastic_diag.core.classify import classify_attempt
 from elastic_diag.core.evidence import AttemptEvidence, RankEvidence
 from elastic_diag.core.merge import node_label
+from elastic_diag.errors import EXIT_FAILED, EXIT_SIGNALLED
 from elastic_diag.layout import read_exception
 from elastic_diag.report.session import DiagSession
 from elastic_diag.report.summary import print_summary
@@ -49,24 +52,58 @@ class DiagAgent(LocalElasticAgent):
         self._session = session
         self._print_summary = print_summary  # the launch is plain torchrun's: the agent reports at the end
         self._capture: AttemptCapture | None = None
-        self._node = socket.gethostname()
+        self._node = host_name()
         self._clock = skewed_clock()
         self._restart_gate = RestartGate(session)
+        self._stopped_by: int | None = None  # the signal that stopped the launcher from outside
+        self._stop_taken = False  # the ranks' answer to it is recorded once
+        session.pass_through = (SignalException,)  # a stop from outside is not an internal error
 
     def run(self, role: str = DEFAULT_ROLE) -> RunResult:
         try:
             result: RunResult = super().run(role)
         except SignalException as e:  # torch has passed the signal on to the workers and stopped them
-            if self._print_summary:  # plain torchrun: it exits as torch does, with the report written
-                with self._session.guard("writing the report of a launcher stopped by a signal"):
-                    report = self._session.finish_stopped(e.sigval)
-                    print_summary(report, str(self._session.report_path))
-            raise
+            if not self._print_summary:
+                raise  # torchrun-diag writes the report and exits 128 + N itself
+            # plain torchrun: the report, then exit 128 + N as torchrun-diag does (not torch's traceback
+            # and exit 1), keeping the rendezvous open for the other nodes as torch does on a signal
+            with self._session.guard("writing the report of a launcher stopped by a signal"):
+                report = self._session.finish_stopped(e.sigval)
+                print_summary(report, str(self._session.report_path))
+            keep_rendezvous_open(self._worker_group.spec.rdzv_handler)
+            raise SystemExit(EXIT_SIGNALLED + int(e.sigval)) from e
         if self._print_summary:
             with self._session.guard("writing the report at the end of the run"):
                 report = self._session.finish("succeeded" if result.state == WorkerState.SUCCEEDED else "failed")
                 print_summary(report, str(self._session.report_path))
+            code = self._session.exit_status(EXIT_FAILED)
+            if result.state != WorkerState.SUCCEEDED and code != EXIT_FAILED:
+                reason = self._session.requeue.reason if self._session.requeue is not None else ""
+                print(f"elastic_diag: exit {code} ({ENV_REQUEUE_EXIT_CODE}): {reason}", file=sys.stderr)
+                raise SystemExit(code)
         return result
+
+    def _invoke_run(self, role: str = DEFAULT_ROLE) -> RunResult:
+        try:
+            result: RunResult = super()._invoke_run(role)
+        except SignalException as e:  # torch's run() shuts the workers down next (our _shutdown)
+            self._stopped_by = int(e.sigval)
+            raise
+        return result
+
+    def _shutdown(self, death_sig: signal.Signals = signal.SIGTERM, timeout: int = 30) -> None:
+        """torch's teardown; after a signal from outside, first the ranks' own answer to it: the signal
+        passed on, the grace, the stacks of the ranks that do not exit (then torch kills them)."""
+        capture = self._capture
+        if self._stopped_by is not None and not self._stop_taken and capture is not None:
+            self._stop_taken = True
+            started = time.monotonic()
+            with self._session.guard("taking the stacks of ranks that did not exit on the signal"):
+                self._session.record_stop(capture.stop_from_outside(self._stopped_by))
+            # the whole stop takes torch's own shutdown timeout, not the grace on top of it: the scheduler's
+            # SIGKILL follows its kill wait (Slurm KillWait, Kubernetes terminationGracePeriodSeconds: 30 s)
+            timeout = max(1, int(timeout - (time.monotonic() - started)))
+        super()._shutdown(death_sig, timeout)
 
     def _rendezvous(self, worker_group: WorkerGroup) -> None:
         try:
@@ -178,6 +215,16 @@ class DiagAgent(LocalElasticAgent):
         evidence = evidence_from_failures(restart_count, result.failures, worker_group, self._node)
         self._session.note(f"attempt {restart_count}: verdict from exit codes only (no evidence folder)")
         self._session.record_attempt(evidence, classify_attempt(evidence), status="failed", final=True)
+
+
+def keep_rendezvous_open(handler: Any) -> None:
+    """torch's launch_agent leaves the rendezvous open when its agent was signalled (the other nodes may
+    go on without this one) and shuts it on any other exit: the agent that leaves with SystemExit after a
+    signal makes this one handler's shutdown a no-op, so the other nodes see what torch would give them."""
+    try:
+        handler.shutdown = lambda: True
+    except Exception as e:  # a handler that refuses the attribute: the rendezvous closes, the report is written
+        logger.warning("elastic_diag: could not keep the rendezvous open after the signal: %r", e)
 
 
 def rendezvous_context(handler: Any, node: str) -> dict[str, Any]:

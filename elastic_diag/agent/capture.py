@@ -48,6 +48,7 @@ from elastic_diag.layout import (
     NONFINITE_FILE,
     PROGRESS_FILE,
     ROOT_CAUSE_FILE,
+    STACKS_FILE,
     STDERR_FILE,
     STDOUT_FILE,
     WORKER_FILE,
@@ -240,6 +241,43 @@ class AttemptCapture:
         self.session.record_attempt(evidence, self.diagnosis, status="failed", final=False)
         self.stop_group()
         return self.diagnosis
+
+    def stop_from_outside(self, signum: int) -> dict[str, Any]:
+        """The launcher was signalled (scancel, a time limit, an eviction): pass the signal on to every
+        live rank as torchrun does, give them the grace to exit, and take the stacks of those that do
+        not (a checkpoint save that blocks, a handler that waits on a dead peer) before torch's own
+        teardown SIGKILLs them. Returns the record of who exited and where the others were."""
+        codes = self._poll()
+        alive = sorted(lr for lr, c in codes.items() if c is None)
+        for lr in alive:
+            with contextlib.suppress(OSError):
+                os.kill(self.workers[lr].proc.pid, signum)
+        sent_at = self._clock()
+        deadline = self._monotonic() + self.config.grace_s
+        while self._monotonic() < deadline and any(codes[lr] is None for lr in alive):
+            self._sleep(POLL_S)
+            codes = self._poll()
+        holdouts = [lr for lr in alive if codes[lr] is None]
+        stacks: dict[int, str] = {}
+        if holdouts:
+            targets = {lr: (self.workers[lr].proc.pid, self.workers[lr].layout) for lr in holdouts}
+            stacks, _ = request_dumps(targets, max(self.config.stack_timeout_s, 1.0), f"stop-{self._clock():.6f}",
+                                      clock=self._monotonic, sleep=self._sleep)  # fmt: skip
+        ranks = []
+        for lr in sorted(self.workers):
+            w = self.workers[lr]
+            entry: dict[str, Any] = {"rank": w.rank, "local_rank": lr, "exited": codes[lr] is not None,
+                                     "exit_code": codes[lr]}  # fmt: skip
+            if lr in alive and codes[lr] is not None and (t := self.exit_time(lr)) is not None:
+                entry["exit_s_after_signal"] = round(max(0.0, t - sent_at), 3)
+            if lr in holdouts:
+                dump = parse_stack_dump(stacks.get(lr, ""))
+                frame = dump.user_frame() if dump is not None else None
+                entry["where"] = str(frame) if frame is not None else None
+                entry["stack_file"] = str(w.layout.dir / STACKS_FILE) if stacks.get(lr) else None
+            ranks.append(entry)
+        return {"signal": signal.Signals(signum).name if signum in signal.Signals._value2member_map_ else signum,
+                "grace_s": self.config.grace_s, "ranks": ranks}  # fmt: skip
 
     def stop_group(self) -> None:
         """SIGTERM every live rank; torch's own monitor then sees the exits and tears down the rest."""

@@ -3,6 +3,7 @@ summaries are written with. Pure data and text: no torch, no I/O."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Literal, get_args
 
@@ -71,20 +72,49 @@ class Diagnosis:
 HEALTHY = Diagnosis(failure_class="healthy", summary="All ranks finished successfully.")
 
 
-def stopped_from_outside(signal_name: str, step: int | None, ranks: list[int]) -> Diagnosis:
+def stopped_from_outside(
+    signal_name: str,
+    step: int | None,
+    ranks: list[int],
+    *,
+    holdouts: Sequence[tuple[int, str | None]] = (),
+    grace_s: float = 5.0,
+) -> Diagnosis:
     """The launcher itself got SIGTERM or SIGINT (scancel, a time limit, preemption, an eviction, Ctrl-C)
-    and passed it on to every rank: no rank failed, nobody in the job is to blame."""
+    and passed it on to every rank: no rank failed, nobody in the job is to blame. ``holdouts``: the
+    ranks still alive when the grace ended, with where their stacks were (a save that blocked)."""
     at = f" at step {step}" if step is not None else ""
     who = f"ranks {format_ranks(ranks)}" if ranks else "the ranks"
+    held = ""
+    evidence = [f"the launcher received {signal_name}"]
+    if holdouts:
+        subject = ranks_phrase([r for r, _ in holdouts])
+        places = "; ".join(
+            (f"rank {r} " if len(holdouts) > 1 else "") + f"in {where}" for r, where in holdouts if where
+        )
+        held = (
+            f" {subject} did not exit within {grace_s:g} s of it"
+            + (f" ({places})" if places else "")
+            + ": its stack is in the report; torch then killed it (SIGKILL after its shutdown timeout)."
+        )
+        evidence += [f"rank {r}: still running {grace_s:g} s after {signal_name}" + (f", in {w}" if w else "")
+                     for r, w in holdouts]  # fmt: skip
     return Diagnosis(
         failure_class="killed",
         summary=(
             f"Stopped from outside by {signal_name}{at}: the launcher received it and passed it on to {who}, "
             "as torchrun does. No rank failed on its own. If nobody stopped the job by hand, the scheduler did "
-            "(scancel, a time limit, preemption, a Kubernetes eviction): its log says which."
+            "(scancel, a time limit, preemption, a Kubernetes eviction): its log says which." + held
         ),
-        evidence=(f"the launcher received {signal_name}",),
-        fix="Resume from the last checkpoint; if a time limit stopped it, ask for more time or checkpoint more often.",
+        evidence=tuple(evidence[:MAX_EVIDENCE_LINES]),
+        fix="Resume from the last checkpoint; if a time limit stopped it, ask for more time or checkpoint more often."
+        + (
+            " A rank that does not exit on SIGTERM loses its work at SIGKILL: make its signal handler finish "
+            "(or skip) the save within the scheduler's kill wait (Slurm KillWait, Kubernetes "
+            "terminationGracePeriodSeconds)."
+            if holdouts
+            else ""
+        ),
         verify="sacct -j <job id> -o JobID,State,ExitCode,Elapsed  # or the pod's events: who sent the signal",
         rule="stopped_from_outside",
         retryable=True,

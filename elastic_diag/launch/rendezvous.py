@@ -164,10 +164,15 @@ def select_diag_agent(run_id: str, started_by: str = f"torchrun --rdzv-backend {
         launcher_api.LocalElasticAgent = original  # one launch only
         from elastic_diag.agent.agent import DiagAgent
         from elastic_diag.config import DiagConfig
+        from elastic_diag.errors import UsageError
         from elastic_diag.launch.setup import open_session
 
-        session, kwargs["logs_specs"] = open_session(DiagConfig.resolve(), run_id=run_id,
-                                                     logs_specs=kwargs.get("logs_specs"))  # fmt: skip
+        try:
+            session, logs_specs = open_session(DiagConfig.resolve(), run_id=run_id, logs_specs=kwargs.get("logs_specs"))
+        except UsageError as e:  # a bad setting: say which, and run as plain torchrun would
+            logger.warning("elastic_diag: %s; the job runs WITHOUT diagnosis, as plain torchrun", e)
+            return original(*args, **kwargs)
+        kwargs["logs_specs"] = logs_specs
         session.note(f"started by {started_by} at {datetime.now().isoformat(timespec='seconds')}")
         return DiagAgent(*args, session=session, print_summary=True, **kwargs)
 

@@ -106,6 +106,22 @@ def get_parser() -> argparse.ArgumentParser:
     group.add_argument(
         "--diag-tail-lines", type=int, default=None, help="Lines of each rank's stderr kept in the report (default 40)."
     )
+    group.add_argument(
+        "--diag-requeue-exit-code",
+        default=None,
+        metavar="N",
+        help="Exit with N (1-255, e.g. 75) when the failure is retryable but no restart can mend it here (restarts "
+        "used up, the gate refused, a node lost), so Slurm's RequeueExit= or a retry loop requeues the job; a "
+        "deterministic failure exits 1 as torchrun does (env ELASTIC_DIAG_REQUEUE_EXIT_CODE).",
+    )
+    group.add_argument(
+        "--diag-termination-log",
+        default=None,
+        metavar="PATH|auto|off",
+        help="Write the verdict's one-paragraph summary (at most 4096 bytes) here when the run ends, for "
+        "`kubectl describe pod` ('auto', the default: /dev/termination-log when it exists; env "
+        "ELASTIC_DIAG_TERMINATION_LOG).",
+    )
     group.add_argument("--no-diag", action="store_true", help="Run exactly as plain torchrun, with no diagnosis.")
     group.add_argument("--version", action="version", version=f"torchrun-diag {__version__}")
     return parser
@@ -175,6 +191,8 @@ def run_diagnosed(args: argparse.Namespace) -> int:
         verify_timeout_s=args.diag_verify_timeout,
         verify_retries=args.diag_verify_retries,
         config_file=args.diag_config,
+        requeue_exit_code=args.diag_requeue_exit_code,
+        termination_log=args.diag_termination_log,
     )
     load_policy(config.restart_policy)  # a usage error before anything starts (open_session loads it again)
     config.check_writable()
@@ -203,9 +221,12 @@ def run_diagnosed(args: argparse.Namespace) -> int:
                 session.internal_error("copying the root cause into the launcher's error file", copy_error)
         print(str(e), file=sys.stderr)
         print_summary(report, str(session.report_path))
-        return {"refused": EXIT_RESTART_REFUSED, "verification_failed": EXIT_VERIFY_FAILED}.get(
-            session.gate_outcome or "", EXIT_FAILED
-        )
+        code = session.exit_status({"refused": EXIT_RESTART_REFUSED, "verification_failed": EXIT_VERIFY_FAILED}
+                                   .get(session.gate_outcome or "", EXIT_FAILED))  # fmt: skip
+        if session.requeue is not None:
+            print(f"torchrun-diag: exit {code}: {'requeue: ' if session.requeue.requeue else 'no requeue: '}"
+                  f"{session.requeue.reason}", file=sys.stderr)  # fmt: skip
+        return code
     except SignalException as e:  # scancel, a time limit, preemption, an eviction, Ctrl-C
         report = session.finish_stopped(e.sigval)
         print_summary(report, str(session.report_path))
@@ -214,6 +235,11 @@ def run_diagnosed(args: argparse.Namespace) -> int:
         text = "".join(traceback.format_exception(e))
         report = session.finish("failed", launch_diagnosis=classify_launch_error(text, context=session.launch_context))
         print_summary(report, str(session.report_path))
+        if session.exit_status(EXIT_FAILED) != EXIT_FAILED and session.requeue is not None:  # a rendezvous timeout
+            traceback.print_exception(e)
+            print(f"torchrun-diag: exit {session.exit_status(EXIT_FAILED)}: requeue: {session.requeue.reason}",
+                  file=sys.stderr)  # fmt: skip
+            return session.exit_status(EXIT_FAILED)
         raise
     report = session.finish("succeeded")
     print_summary(report, str(session.report_path))
@@ -223,6 +249,8 @@ def run_diagnosed(args: argparse.Namespace) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = get_parser()
     args = parser.parse_args(list(argv) if argv is not None else None)
+    if args.logs_specs is None and os.environ.get("PET_LOGS_SPECS"):  # the one torchrun flag torch reads no PET_ for
+        args.logs_specs = os.environ["PET_LOGS_SPECS"]
     # ELASTIC_DIAG=1 turns diagnosis on under plain torchrun; torchrun-diag builds its own agent (and
     # --no-diag means none), so the switch's wrapped rendezvous must not select another one
     os.environ.pop(ENV_SWITCH, None)

@@ -12,9 +12,10 @@ import torch
 
 from elastic_diag._compat import torch_version_problem
 from elastic_diag.agent.logs_specs import DiagLogsSpecs
-from elastic_diag.config import DiagConfig
+from elastic_diag.config import ENV_TERMINATION_LOG, DiagConfig
 from elastic_diag.gate.policy import load_policy
 from elastic_diag.report.session import DiagSession
+from elastic_diag.report.termination import termination_log_problem
 
 logger = logging.getLogger(__name__)
 
@@ -26,6 +27,12 @@ def open_session(config: DiagConfig, *, run_id: str, logs_specs: object) -> tupl
     config.check_writable()
     session = DiagSession(config, run_id=run_id)
     session.policy = policy
+    if config.termination_log is not None and (why := termination_log_problem(config.termination_log)) is not None:
+        text = (f"no termination message: {config.termination_log} cannot be written ({why}); set "
+                f"--diag-termination-log / {ENV_TERMINATION_LOG} to a writable file or 'off'")  # fmt: skip
+        logger.warning("elastic_diag: %s", text)
+        session.note(text)
+        session.termination_log = None
     problem = torch_version_problem(torch.__version__)
     if problem is not None:
         logger.warning("elastic_diag: %s", problem)

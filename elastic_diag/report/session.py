@@ -10,18 +10,21 @@ from __future__ import annotations
 import contextlib
 import logging
 import signal
-import socket
 from collections.abc import Callable, Iterator
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from elastic_diag.config import DiagConfig
+from elastic_diag.config import DiagConfig, host_name
 from elastic_diag.core.evidence import AttemptEvidence
+from elastic_diag.core.findings import retryable_own_failure
+from elastic_diag.core.requeue import RequeueDecision, requeue_decision
+from elastic_diag.core.taxonomy import load_taxonomy
 from elastic_diag.core.verdict import AttemptStatus, Diagnosis, RunStatus, stopped_from_outside
 from elastic_diag.layout import PROGRESS_FILE, REPORT_FILE, attempt_dir_name, read_progress
 from elastic_diag.report.document import AttemptRecord, build_report, write_json_atomic
 from elastic_diag.report.html import write_html
+from elastic_diag.report.termination import termination_message, write_termination_message
 
 logger = logging.getLogger(__name__)
 
@@ -30,7 +33,7 @@ class DiagSession:
     def __init__(self, config: DiagConfig, run_id: str = "", node: str | None = None) -> None:
         self.config = config
         self.run_id = run_id
-        self.node = node or socket.gethostname()
+        self.node = node or host_name()
         self.status: RunStatus = "running"
         self.attempts: dict[int, AttemptRecord] = {}
         self.internal_errors: list[str] = []
@@ -40,6 +43,11 @@ class DiagSession:
         self.policy: Any = None  # the restart policy (gate.RestartPolicy), loaded at start-up
         self.launch_diagnosis: Diagnosis | None = None
         self.launch_context: dict[str, Any] | None = None  # what a failed rendezvous knew
+        # exceptions a guard lets through (torch's SignalException: a stop from outside is no internal error)
+        self.pass_through: tuple[type[BaseException], ...] = ()
+        self.stop: dict[str, Any] | None = None  # a stop from outside: who exited within the grace, where the rest were
+        self.requeue: RequeueDecision | None = None  # with a requeue exit code: whether the run asks for a requeue
+        self.termination_log: Path | None = config.termination_log  # None: no termination message
 
     @property
     def report_path(self) -> Path:
@@ -75,6 +83,8 @@ class DiagSession:
         try:
             yield
         except Exception as e:
+            if isinstance(e, self.pass_through):
+                raise
             self.internal_error(what, e)
             if on_error is not None:
                 on_error(e)
@@ -101,6 +111,12 @@ class DiagSession:
     def note(self, text: str) -> None:
         self.notes.append(text)
 
+    def record_stop(self, record: dict[str, Any]) -> None:
+        """The ranks' answer to a forwarded signal (AttemptCapture.stop_from_outside), on disk at once:
+        torch's teardown and the scheduler's SIGKILL may come next."""
+        self.stop = record
+        self.write()
+
     def finish_stopped(self, signum: int) -> dict[str, Any]:
         """The launcher was signalled from outside: status ``stopped``, no rank to blame, the step the
         ranks had reached (their beacons' progress.json in the newest attempt)."""
@@ -119,17 +135,51 @@ class DiagSession:
             if progress is not None and isinstance(progress.get("steps"), int):
                 steps.append(progress["steps"])
         self.note(f"the launcher received {name} at {datetime.now().isoformat(timespec='seconds')}")
-        return self.finish("stopped", launch_diagnosis=stopped_from_outside(name, max(steps) if steps else None,
-                                                                             sorted(ranks)))  # fmt: skip
+        holdouts = [(r["rank"], r.get("where")) for r in (self.stop or {}).get("ranks", []) if not r.get("exited")]
+        grace = float((self.stop or {}).get("grace_s") or self.config.grace_s)
+        diagnosis = stopped_from_outside(name, max(steps) if steps else None, sorted(ranks), holdouts=holdouts,
+                                         grace_s=grace)  # fmt: skip
+        return self.finish("stopped", launch_diagnosis=diagnosis)
 
     def finish(self, status: RunStatus, launch_diagnosis: Diagnosis | None = None) -> dict[str, Any]:
+        """The run's end: the report (and the requeue decision, when a requeue exit code is set), then
+        the container's termination message."""
         self.status = status
         self.launch_diagnosis = launch_diagnosis
-        return self.write()
+        if self.config.requeue_exit_code is not None:
+            self.requeue = self._requeue_decision()
+        report = self.write()
+        if self.termination_log is not None:
+            message = termination_message(report, str(self.report_path))
+            problem = write_termination_message(self.termination_log, message)
+            if problem is not None:
+                logger.warning("elastic_diag: %s", problem)
+                self.internal_errors.append(problem)
+                report = self.write()
+        return report
+
+    def exit_status(self, default: int) -> int:
+        """``default`` (torchrun's own), or the requeue exit code when the run asks for a requeue."""
+        if self.requeue is not None and self.requeue.requeue and self.requeue.exit_code is not None:
+            return self.requeue.exit_code
+        return default
+
+    def _requeue_decision(self) -> RequeueDecision:
+        last = self.attempts[max(self.attempts)] if self.attempts else None
+        final = last.diagnosis if last is not None and last.status == "failed" else None
+        if self.launch_diagnosis is not None and (final is None or self.status == "stopped"):
+            final = self.launch_diagnosis
+        own = False
+        if last is not None and final is not None and final.initiating_rank is not None:
+            ev = next((r for r in last.evidence.ranks if r.rank == final.initiating_rank), None)
+            own = ev is not None and retryable_own_failure(ev, load_taxonomy()) is not None
+        gate = self.gates.get(max(self.gates)) if self.gates else None
+        return requeue_decision(self.status, final, own_retryable=own, gate=gate,
+                                exit_code=self.config.requeue_exit_code)  # fmt: skip
 
     def report(self) -> dict[str, Any]:
         status = self.status if self.status != "running" else "failed"
-        return build_report(
+        report = build_report(
             run_id=self.run_id,
             status=status,
             attempts=[self.attempts[k] for k in sorted(self.attempts)],
@@ -140,6 +190,11 @@ class DiagSession:
             internal_errors=self.internal_errors,
             notes=self.notes,
         )
+        if self.stop is not None:  # additive fields (docs/report.md)
+            report["stop"] = self.stop
+        if self.requeue is not None:
+            report["requeue"] = self.requeue.to_json()
+        return report
 
     def write(self) -> dict[str, Any]:
         report = self.report()
