@@ -85,3 +85,10 @@ def test_signatures_and_explain():
         assert part in p.stdout
     p = cli("-m", "elastic_diag.cli", "explain", "no-such-thing")
     assert p.returncode == 2 and "no signature" in p.stderr
+
+
+def test_logs_specs_from_the_environment_as_every_other_torchrun_flag(tmp_path, capsys, monkeypatch):
+    """torch's parser reads PET_<FLAG> for every flag but --logs-specs; torchrun-diag reads it too."""
+    env = {"PET_LOGS_SPECS": "no-such-logs-specs", "ELASTIC_DIAG_DIR": str(tmp_path)}
+    code, err = in_process(["--nproc-per-node", "1", str(EXAMPLE)], capsys, monkeypatch, env)
+    assert code == 2 and "no-such-logs-specs" in err, err

@@ -76,6 +76,9 @@ def _signal_when_training(argv: list[str], diag_dir: Path, signum: int, env: dic
             time.sleep(0.2)
         assert proc.poll() is None, "the launcher ended before it was signalled"
         os.kill(proc.pid, signum)
+        if signum == signal.SIGTERM:  # as under Slurm: every process of the job signalled, srun passes it on again
+            time.sleep(0.3)
+            os.kill(proc.pid, signum)
         _out, err = proc.communicate(timeout=120)
         return proc.returncode, err
     finally:
@@ -91,10 +94,12 @@ def test_a_signal_to_the_launcher_is_a_stop_from_outside(tmp_path, signum, code)
     the signal on to the workers as torchrun does, writes a report with status "stopped", class killed and
     no initiating rank, and exits 128 + the signal's number. No worker is left."""
     termination_log = tmp_path / "termination-log"
-    argv = torchrun_diag("--standalone", "--nproc-per-node", "2", "--diag-dir", str(tmp_path),
-                         "--diag-termination-log", str(termination_log), *script_args("none"),
-                         "--steps", "100000")  # fmt: skip
-    returncode, err = _signal_when_training(argv, tmp_path, signum, {})
+    # the preemption-aware loop users write for Slurm: on SIGTERM each rank saves and exits, and rank 1's
+    # save blocks (a file system that stopped answering); SIGINT (Ctrl-C) interrupts every rank at once
+    argv = torchrun_diag("--standalone", "--nproc-per-node", "2", "--diag-dir", str(tmp_path), "--diag-grace", "2",
+                         "--shutdown-timeout", "5", "--diag-termination-log", str(termination_log),
+                         str(SCENARIOS / "sigterm_save_blocks.py"))  # fmt: skip
+    returncode, err = _signal_when_training(argv, tmp_path, signum, {"SCENARIO_CKPT_DIR": str(tmp_path)})
     assert returncode == code, err[-3000:]
     report = json.loads((tmp_path / "report.json").read_text())
     assert termination_log.read_text().startswith("elastic_diag: job STOPPED from outside (no rank failed): Stopped")
@@ -103,6 +108,13 @@ def test_a_signal_to_the_launcher_is_a_stop_from_outside(tmp_path, signum, code)
     name = signal.Signals(signum).name
     assert f"Stopped from outside by {name} at step " in d["summary"]
     assert "job STOPPED from outside" in err and "Traceback" not in err.split("job STOPPED")[-1]
+    held = [r for r in report["stop"]["ranks"] if not r["exited"]]
+    if signum == signal.SIGTERM:  # rank 1's stack, taken before torch killed it; the repeated signal did not cut in
+        assert [r["rank"] for r in held] == [1] and "in save_checkpoint" in held[0]["where"], report["stop"]
+        assert "Rank 1 did not exit within 2 s of it" in d["summary"]
+        assert "SIGTERM again while stopping; the stop goes on" in err, err[-3000:]
+    else:
+        assert held == [], report["stop"]
     ps = subprocess.run(["pgrep", "-f", f"--diag-dir {tmp_path}"], capture_output=True, text=True, check=False)
     assert ps.stdout.strip() == "", "a process of the job is still running"
 

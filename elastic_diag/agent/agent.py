@@ -11,6 +11,7 @@ what the job does.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
@@ -71,6 +72,7 @@ class DiagAgent(LocalElasticAgent):
                 report = self._session.finish_stopped(e.sigval)
                 print_summary(report, str(self._session.report_path))
             keep_rendezvous_open(self._worker_group.spec.rdzv_handler)
+            defer_stop_signals(exiting=True)
             raise SystemExit(EXIT_SIGNALLED + int(e.sigval)) from e
         if self._print_summary:
             with self._session.guard("writing the report at the end of the run"):
@@ -93,16 +95,23 @@ class DiagAgent(LocalElasticAgent):
 
     def _shutdown(self, death_sig: signal.Signals = signal.SIGTERM, timeout: int = 30) -> None:
         """torch's teardown; after a signal from outside, first the ranks' own answer to it: the signal
-        passed on, the grace, the stacks of the ranks that do not exit (then torch kills them)."""
+        passed on, the grace, the stacks of the ranks that do not exit, the report (then torch kills them)."""
+        if self._stopped_by is None:
+            super()._shutdown(death_sig, timeout)
+            return
+        # Slurm signals every process of the job and srun passes it on again: a second SIGTERM a few ms
+        # later must not cut the stop short
+        defer_stop_signals()
         capture = self._capture
-        if self._stopped_by is not None and not self._stop_taken and capture is not None:
+        if not self._stop_taken and capture is not None:
             self._stop_taken = True
             started = time.monotonic()
             with self._session.guard("taking the stacks of ranks that did not exit on the signal"):
-                self._session.record_stop(capture.stop_from_outside(self._stopped_by))
-            # the whole stop takes torch's own shutdown timeout, not the grace on top of it: the scheduler's
-            # SIGKILL follows its kill wait (Slurm KillWait, Kubernetes terminationGracePeriodSeconds: 30 s)
-            timeout = max(1, int(timeout - (time.monotonic() - started)))
+                self._session.record_stop(capture.stop_from_outside(self._stopped_by), self._stopped_by)
+            # the whole stop fits in torch's own shutdown timeout less a margin, not the grace on top of it:
+            # the scheduler's SIGKILL follows its kill wait (Slurm's KillWait and Kubernetes'
+            # terminationGracePeriodSeconds are 30 s by default, torch's shutdown timeout too)
+            timeout = max(1, int(timeout - (time.monotonic() - started) - STOP_MARGIN_S))
         super()._shutdown(death_sig, timeout)
 
     def _rendezvous(self, worker_group: WorkerGroup) -> None:
@@ -215,6 +224,33 @@ class DiagAgent(LocalElasticAgent):
         evidence = evidence_from_failures(restart_count, result.failures, worker_group, self._node)
         self._session.note(f"attempt {restart_count}: verdict from exit codes only (no evidence folder)")
         self._session.record_attempt(evidence, classify_attempt(evidence), status="failed", final=True)
+
+
+STOP_MARGIN_S = 3.0  # the launcher exits this long before torch's shutdown timeout after a stop from outside
+STOP_SIGNALS = ("SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT")  # torch's TORCHELASTIC_SIGNALS_TO_HANDLE default
+
+
+def defer_stop_signals(*, exiting: bool = False) -> None:
+    """The launcher is stopping and will not take up the job again: from now on a repeated stop
+    signal is logged, not raised (torch would raise it in the middle of the grace or of the report).
+    ``exiting``: the report is written and the launcher leaves: ignore them (Python puts its own
+    handlers back to the default while it finalizes, and a late SIGTERM would then kill it)."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    if exiting:
+        for name in STOP_SIGNALS:
+            with contextlib.suppress(OSError, ValueError, AttributeError):
+                signal.signal(getattr(signal, name), signal.SIG_IGN)
+        return
+
+    def again(signum: int, frame: Any) -> None:
+        logger.warning("elastic_diag: %s again while stopping; the stop goes on", signal.Signals(signum).name)
+
+    for name in STOP_SIGNALS:
+        sig = getattr(signal, name, None)
+        if sig is not None:
+            with contextlib.suppress(OSError, ValueError):
+                signal.signal(sig, again)
 
 
 def keep_rendezvous_open(handler: Any) -> None:

@@ -171,6 +171,7 @@ def run_diagnosed(args: argparse.Namespace) -> int:
     from torch.distributed.elastic.multiprocessing.errors.error_handler import ErrorHandler
     from torch.distributed.run import config_from_args
 
+    from elastic_diag.agent.agent import defer_stop_signals
     from elastic_diag.config import DiagConfig
     from elastic_diag.core.classify import classify_launch_error
     from elastic_diag.gate.policy import load_policy
@@ -230,6 +231,7 @@ def run_diagnosed(args: argparse.Namespace) -> int:
     except SignalException as e:  # scancel, a time limit, preemption, an eviction, Ctrl-C
         report = session.finish_stopped(e.sigval)
         print_summary(report, str(session.report_path))
+        defer_stop_signals(exiting=True)  # a late repeat of the signal must not turn exit 143 into a kill
         return EXIT_SIGNALLED + int(e.sigval)
     except BaseException as e:
         text = "".join(traceback.format_exception(e))

@@ -111,11 +111,11 @@ class DiagSession:
     def note(self, text: str) -> None:
         self.notes.append(text)
 
-    def record_stop(self, record: dict[str, Any]) -> None:
-        """The ranks' answer to a forwarded signal (AttemptCapture.stop_from_outside), on disk at once:
-        torch's teardown and the scheduler's SIGKILL may come next."""
+    def record_stop(self, record: dict[str, Any], signum: int) -> None:
+        """The ranks' answer to a forwarded signal (AttemptCapture.stop_from_outside): the stopped report
+        on disk at once, as it will stay; torch's teardown and the scheduler's SIGKILL may come next."""
         self.stop = record
-        self.write()
+        self.finish_stopped(signum)
 
     def finish_stopped(self, signum: int) -> dict[str, Any]:
         """The launcher was signalled from outside: status ``stopped``, no rank to blame, the step the
@@ -134,7 +134,8 @@ class DiagSession:
                 ranks.append(int(rank_dir.name.split("_")[-1]))
             if progress is not None and isinstance(progress.get("steps"), int):
                 steps.append(progress["steps"])
-        self.note(f"the launcher received {name} at {datetime.now().isoformat(timespec='seconds')}")
+        if not any(n.startswith(f"the launcher received {name} at ") for n in self.notes):
+            self.note(f"the launcher received {name} at {datetime.now().isoformat(timespec='seconds')}")
         holdouts = [(r["rank"], r.get("where")) for r in (self.stop or {}).get("ranks", []) if not r.get("exited")]
         grace = float((self.stop or {}).get("grace_s") or self.config.grace_s)
         diagnosis = stopped_from_outside(name, max(steps) if steps else None, sorted(ranks), holdouts=holdouts,
