@@ -96,6 +96,18 @@ def test_the_switch_with_a_diag_dir_on_a_read_only_mount_runs_plain_torchrun_and
     assert "the job runs WITHOUT diagnosis, as plain torchrun" in run.stderr
 
 
+def test_the_switch_under_an_explicit_c10d_backend_that_beats_the_environment(tmp_path):
+    """TorchTitan's run_train.sh passes --rdzv_backend c10d itself: the flag beats PET_RDZV_BACKEND (so
+    diag+c10d there would be ignored), and the switch still turns the diagnosis on."""
+    argv = plain_torchrun("--rdzv-backend", "c10d", "--rdzv-endpoint", "127.0.0.1:0", "--nnodes", "1",
+                          "--nproc-per-node", "2", *SCRIPT[:1], "--inject", "segfault", "--culprit-rank", "1",
+                          "--steps", "8")  # fmt: skip
+    run = launch(argv, tmp_path, env={"ELASTIC_DIAG": "1", "PET_RDZV_BACKEND": "diag+c10d",
+                                      "ELASTIC_DIAG_DIR": str(tmp_path)})  # fmt: skip
+    assert verdict(run.report)[:2] == ("segfault", 1)
+    assert "started by ELASTIC_DIAG=1 (torchrun --rdzv-backend c10d)" in run.report["notes"][0]
+
+
 def test_the_backend_from_the_environment_as_with_every_torchrun_flag(tmp_path):
     run = launch(plain_torchrun(*NODE, *SCRIPT[:1], "--inject", "segfault", "--culprit-rank", "1"), tmp_path,
                  env={"PET_RDZV_BACKEND": "diag+c10d", "ELASTIC_DIAG_DIR": str(tmp_path)})  # fmt: skip
