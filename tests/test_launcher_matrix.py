@@ -47,8 +47,11 @@ def test_fault_matrix_names_the_culprit(tmp_path, inject, cls, exc_type, culprit
     culprit = run.rank(CULPRIT)
     if culprit_line:
         assert any(culprit_line in line for line in culprit["last_lines"]), culprit["last_lines"]
-    if inject == "sigkill":
+    if inject == "sigkill":  # a plain kill -9: killed, and the report says what was looked at for an OOM kill
         assert culprit["signal"] == "SIGKILL" and culprit["exit_code"] == -9
+        kernel = culprit["kernel"]
+        assert kernel["proven"] is False and any(x.startswith("kernel log: ") for x in kernel["looked_at"]), kernel
+        assert "not proven an OOM kill (kernel log: " in d["summary"], d["summary"]
     if inject == "hang":
         assert culprit["stack"] and "in inject" in culprit["stack"]
         assert "faults.py" in d["summary"]  # examples/faults.py: the injection itself

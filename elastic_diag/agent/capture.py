@@ -37,6 +37,7 @@ from elastic_diag.agent.clock import Clock, Sleep
 from elastic_diag.agent.cluster import Cluster, global_verdict
 from elastic_diag.agent.dumps import POLL_S, native_stacks_of, request_dumps
 from elastic_diag.agent.health import HangAlarm, HealthMonitor
+from elastic_diag.agent.kernel import kernel_log_oom_lines, oom_evidence, remember_cgroups
 from elastic_diag.agent.tailer import StreamTailer
 from elastic_diag.config import DiagConfig
 from elastic_diag.core.classify import classify_attempt, straggler_warnings
@@ -62,6 +63,8 @@ from elastic_diag.layout import (
     read_thread_exception,
 )
 from elastic_diag.report.session import DiagSession
+
+CGROUP_POLL_S = 0.25  # how often a live rank's cgroup is read (it may move itself into another)
 
 
 class ExitWatcher:
@@ -154,6 +157,10 @@ class AttemptCapture:
         # own is when its failure began, even if it re-raised only after seconds of cleanup
         self.tailer = StreamTailer({w.local_rank: w.layout.dir for w in workers}, clock=clock)
         self.tailer.start()
+        self.cgroups: dict[int, dict[str, str]] = {}  # each live rank's cgroup paths, last read
+        self.cgroup_baseline: dict[int, dict[str, Any] | None] = {}  # its memory cgroup when first seen there
+        self._cgroups_read_at = float("-inf")
+        self._kernel: dict[int, dict[str, Any]] = {}
         self.health: HealthMonitor | None = None
         if config.hang_timeout_s != 0:
             files = {w.local_rank: w.layout.path(PROGRESS_FILE) for w in workers}
@@ -168,7 +175,26 @@ class AttemptCapture:
             if code is not None and lr not in self.poll_times:
                 self.poll_times[lr] = self._clock()
             codes[lr] = code
+        now = self._monotonic()
+        if now - self._cgroups_read_at >= CGROUP_POLL_S:  # a zombie's /proc/<pid>/cgroup shows the root
+            self._cgroups_read_at = now
+            live = {lr: self.workers[lr].proc.pid for lr, c in codes.items() if c is None}
+            with contextlib.suppress(Exception):
+                remember_cgroups(live, self.cgroups, self.cgroup_baseline)
         return codes
+
+    def kernel_evidence(self, codes: dict[int, int | None], stopped: set[int]) -> dict[int, dict[str, Any]]:
+        """For each rank SIGKILLed by something other than the launcher: what the kernel says (an OOM
+        kill proven by its log or the rank's memory cgroup, or which sources proved nothing). Once."""
+        killed = {lr for lr, c in codes.items() if c == -signal.SIGKILL and lr not in stopped}
+        todo = killed - set(self._kernel)
+        if todo:
+            pids = {self.workers[lr].proc.pid for lr in todo}
+            lines, source = kernel_log_oom_lines(pids)
+            for lr in todo:
+                self._kernel[lr] = oom_evidence(self.workers[lr].proc.pid, self.cgroup_baseline.get(lr),
+                                                self.cgroups.get(lr, {}), lines, source)  # fmt: skip
+        return {lr: self._kernel[lr] for lr in killed}
 
     def exit_time(self, lr: int) -> float | None:
         return self.watcher.time_of(lr) or self.poll_times.get(lr)
@@ -295,6 +321,9 @@ class AttemptCapture:
         with self.session.guard("reading the ranks' output"):
             self.tailer.poll(final=final)  # catch up with what the ranks printed until now
         alive, stopped = self._alive_and_stopped(codes, final)
+        kernel: dict[int, dict[str, Any]] = {}
+        with self.session.guard("reading the kernel's evidence of a SIGKILL"):
+            kernel = self.kernel_evidence(codes, stopped)
         ranks = []
         problems: list[str] = []
         came_up: bool | None = None
@@ -305,7 +334,8 @@ class AttemptCapture:
             progress = read_progress(w.layout.path(PROGRESS_FILE)) or {}
             if progress:
                 came_up = bool(came_up) or _completed_a_collective(progress) or bool(record and record.groups)
-            ranks.append(self._rank_evidence(w, codes[lr], lr in alive, lr in stopped, record, progress))
+            ranks.append(self._rank_evidence(w, codes[lr], lr in alive, lr in stopped, record, progress,
+                                             kernel.get(lr)))  # fmt: skip
         problems.extend(self.tailer.problems)
         problems.extend(evidence_gaps(ranks, self.tailer))
         self.problems = [*self.missing_evidence, *problems]
@@ -335,7 +365,7 @@ class AttemptCapture:
         return alive, stopped
 
     def _rank_evidence(self, w: Worker, code: int | None, alive: bool, stopped: bool, record: RankRecord | None,
-                       progress: dict[str, Any]) -> RankEvidence:  # fmt: skip
+                       progress: dict[str, Any], kernel: dict[str, Any] | None = None) -> RankEvidence:  # fmt: skip
         """One rank's evidence: its exit, what it recorded of itself, what it printed, its stacks."""
         lr = w.local_rank
         info = read_json(w.layout.path(WORKER_FILE)) or {}
@@ -363,6 +393,7 @@ class AttemptCapture:
             steps=int(progress["steps"]) if isinstance(progress.get("steps"), int) else None,
             error_line=self.tailer.first_error(lr),
             thread_exception=read_thread_exception(w.layout.dir),
+            kernel=kernel,
         )
 
     def finish(self, result: RunResult) -> RunResult:

@@ -248,6 +248,8 @@ class RankEvidence:
     steps: int | None = None  # optimizer steps the beacon counted
     error_line: ErrorLine | None = None  # the first error of its own it printed (the launcher's line clock)
     thread_exception: ExceptionRecord | None = None  # the first uncaught exception of one of its threads
+    # a SIGKILLed rank: what the kernel says (agent/kernel.py: proven, line, cgroup, looked_at)
+    kernel: dict[str, Any] | None = None
 
     def location(self) -> str | None:
         """Where the rank's own code was when it failed or was stopped: its traceback, the stack the

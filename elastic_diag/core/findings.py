@@ -62,6 +62,8 @@ class RankFinding:
 
 def _rank_lines(ev: RankEvidence) -> list[str]:
     lines: list[str] = []
+    if ev.kernel is not None and ev.kernel.get("proven") and ev.kernel.get("line"):
+        lines.append(str(ev.kernel["line"]))  # the kernel's proof of an OOM kill of this rank's pid
     if ev.exception is not None:
         lines.append(ev.exception.last_line)
     lines.extend(ev.stderr_tail)

@@ -90,6 +90,7 @@ def record_of(evidence: AttemptEvidence, *, node: str, group_rank: int, offset: 
             "stderr_tail": list(ev.stderr_tail[-TAIL:]),
             "stack": ev.stack.text[:STACK_CHARS] if ev.stack else None,
             "nonfinite": ev.nonfinite,
+            "kernel": ev.kernel,
         })  # fmt: skip
     return {
         "schema": SCHEMA,
@@ -170,6 +171,7 @@ def _rank_evidence(node: str, r: dict[str, Any]) -> RankEvidence:
         stderr_tail=tuple(str(x) for x in r.get("stderr_tail") or ()),
         stack=parse_stack_dump(stack) if isinstance(stack, str) and stack else None,
         nonfinite=r.get("nonfinite") if isinstance(r.get("nonfinite"), dict) else None,
+        kernel=r.get("kernel") if isinstance(r.get("kernel"), dict) else None,
     )  # fmt: skip
 
 

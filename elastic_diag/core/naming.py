@@ -191,6 +191,12 @@ def _what(
     if cls == "killed" and exc is not None and exc.type.endswith("KeyboardInterrupt"):
         return "was interrupted (SIGINT, KeyboardInterrupt) from outside the job"
     last = exc.last_line.splitlines()[0] if exc is not None and exc.last_line else None
+    kernel = ev.kernel or {}
+    if cls == "host_oom" and kernel.get("proven"):
+        return f"was killed by the kernel's OOM killer (proven: {kernel.get('line')})"
+    if cls == "killed" and ev.signal == "SIGKILL" and kernel.get("looked_at"):
+        return (f"was killed by SIGKILL from outside the job; not proven an OOM kill ("
+                f"{'; '.join(str(x) for x in kernel['looked_at'])})")  # fmt: skip
     return {
         "python_exception": f"raised {last}" if last else "raised an exception",
         "host_oom": "ran out of host memory" + (f" ({exc.type})" if exc else ""),

@@ -63,6 +63,7 @@ def rank_entry(ev: RankEvidence, role: str) -> dict[str, Any]:
             else None
         ),
         "evidence_dir": ev.evidence_dir,
+        **({"kernel": ev.kernel} if ev.kernel is not None else {}),  # additive: a SIGKILL's kernel evidence
     }
 
 
