@@ -116,7 +116,7 @@ class SlurmCluster:
             "SlurmUser=root", "SlurmdUser=root", "ProctrackType=proctrack/linuxproc", "TaskPlugin=task/none",
             "SelectType=select/cons_tres", "JobAcctGatherType=jobacct_gather/none", "MpiDefault=none",
             "ReturnToService=2", "MinJobAge=600", "KillWait=30", "SchedulerType=sched/builtin",
-            "SchedulerParameters=defer_batch", *self.extra_conf.split("\n"),
+            *self.extra_conf.split("\n"),
         ]  # fmt: skip
         (r / "state").mkdir()
         for node in self.nodes:

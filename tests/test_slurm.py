@@ -18,8 +18,10 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import socket
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -43,21 +45,25 @@ def _skip_or_fail(reason: str) -> None:
 
 
 @pytest.fixture
-def slurm(tmp_path):
+def slurm():
     if os.geteuid() != 0:
         _skip_or_fail("a private Slurm needs root here (SlurmUser=root, munged's key)")
     if missing := missing_tools():
         _skip_or_fail(f"Slurm is not installed (missing {', '.join(missing)}; apt-get install slurm-wlm munge)")
-    cluster = SlurmCluster(tmp_path / "slurm", nodes=2, extra_conf=f"RequeueExit={REQUEUE}\nJobRequeue=1")
+    # a short folder of its own: slurmd's step sockets (<spool>/<node>_<job>.<step>) must fit in the
+    # 108 bytes of a Unix socket path, which pytest's tmp_path under xdist does not leave
+    root = Path(tempfile.mkdtemp(prefix="edslurm-", dir="/tmp"))
+    cluster = SlurmCluster(root, nodes=2, extra_conf=f"RequeueExit={REQUEUE}\nJobRequeue=1")
     try:
-        cluster.start()
-    except (RuntimeError, OSError) as e:
-        cluster.stop()
-        _skip_or_fail(f"the Slurm daemons did not start: {e}")
-    try:
+        try:
+            cluster.start()
+        except (RuntimeError, OSError) as e:
+            cluster.stop()
+            _skip_or_fail(f"the Slurm daemons did not start: {e}")
         yield cluster
     finally:
         cluster.stop()
+        shutil.rmtree(root, ignore_errors=True)
 
 
 def _script(path: Path, body: str) -> Path:
@@ -78,14 +84,15 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _wait_for_line(path: Path, text: str, timeout: float) -> None:
+def _wait_for_line(path: Path, text: str, timeout: float, slurm: SlurmCluster, job: str) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if path.exists() and text in path.read_text(errors="replace"):
             return
         time.sleep(0.2)
     raise AssertionError(f"{text!r} not in {path} after {timeout:.0f} s:\n"
-                         + (path.read_text(errors="replace")[-3000:] if path.exists() else "(no file)"))  # fmt: skip
+                         + (path.read_text(errors="replace")[-3000:] if path.exists() else "(no file)")
+                         + f"\njob {job}: {slurm.job(job)}\n{slurm.logs()}")  # fmt: skip
 
 
 def test_srun_torchrun_diag_on_two_nodes_requeue_and_scancel(slurm, tmp_path):
@@ -102,15 +109,15 @@ srun {LAUNCHER} --standalone --nproc-per-node 2 --diag-requeue-exit-code {REQUEU
         cancel_out = tmp_path / "cancel.out"
         cancel_job = slurm.sbatch(_script(tmp_path / "cancel.sh", f"""
 srun bash -c 'trap "echo the step shell got SIGTERM" TERM
-{LAUNCHER} --standalone --nproc-per-node 2 --diag-dir {tmp_path}/cancelled --diag-grace 2 --shutdown-timeout 6 \\
+{LAUNCHER} --standalone --nproc-per-node 2 --diag-dir {tmp_path}/cancelled --shutdown-timeout 10 \\
     {STUCK_SAVE}
 echo "launcher exit $?"'
 """), "-N1", "-o", str(cancel_out), cwd=work, env={"SCENARIO_CKPT_DIR": str(tmp_path)})  # fmt: skip
 
-        _wait_for_line(cancel_out, "step 5", 120)
+        _wait_for_line(cancel_out, "step 5", 120, slurm, cancel_job)
         slurm.client("scancel", cancel_job)  # as users do: SIGTERM to every process of the job, SIGKILL after KillWait
         info = slurm.wait_state(cancel_job, {"CANCELLED", "COMPLETED", "FAILED"}, 60)
-        _wait_for_line(cancel_out, "launcher exit", 30)
+        _wait_for_line(cancel_out, "launcher exit", 40, slurm, cancel_job)
         out = cancel_out.read_text()
         assert "launcher exit 143" in out, out[-3000:]
         stopped = _report(tmp_path / "cancelled")
