@@ -113,8 +113,8 @@ def test_a_signal_to_the_launcher_is_a_stop_from_outside(tmp_path, signum, code)
         assert [r["rank"] for r in held] == [1] and "in save_checkpoint" in held[0]["where"], report["stop"]
         assert "Rank 1 did not exit within 5 s of it" in d["summary"]
         assert "SIGTERM again while stopping; the stop goes on" in err, err[-3000:]
-    else:
-        assert held == [], report["stop"]
+    else:  # Ctrl-C interrupts every rank; one still in a collective when the grace ends has its stack taken
+        assert all(r["stack_file"] for r in held), report["stop"]
     ps = subprocess.run(["pgrep", "-f", f"--diag-dir {tmp_path}"], capture_output=True, text=True, check=False)
     assert ps.stdout.strip() == "", "a process of the job is still running"
 
