@@ -36,6 +36,7 @@ TOML_KEYS = ("diag_dir", "grace", "stack_timeout", "tail_lines", "hang_timeout",
              "checkpoint_dir", "verify_timeout", "verify_retries", "requeue_exit_code", "termination_log")  # fmt: skip
 
 DEFAULT_RUNS_DIR = "elastic_diag_runs"
+DIAG_DIR_MAX_MODE = 0o750  # a new diag dir is never wider than this
 DEFAULT_GRACE_S = 5.0
 DEFAULT_STACK_TIMEOUT_S = 2.0
 DEFAULT_TAIL_LINES = 40
@@ -255,7 +256,10 @@ class DiagConfig:
     def check_writable(self) -> None:
         """Create the diag dir and prove it writable, or raise a UsageError naming it."""
         try:
+            created = not self.diag_dir.exists()
             self.diag_dir.mkdir(parents=True, exist_ok=True)
+            if created:  # the user's umask, but never open to everyone: the evidence holds paths, args, hosts
+                self.diag_dir.chmod(self.diag_dir.stat().st_mode & DIAG_DIR_MAX_MODE)
             probe = self.diag_dir / f".write-probe-{os.getpid()}"
             probe.write_text("ok")
             probe.unlink()

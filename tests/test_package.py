@@ -38,7 +38,7 @@ TORCH_FREE = [m for m in MODULES if m not in NEEDS_TORCH]
 # what each layer may import (by the first two parts of the module name); see docs/design.md
 LAYER_OF = {
     "elastic_diag.errors": "base", "elastic_diag.config": "base", "elastic_diag._compat": "base",
-    "elastic_diag.layout": "layout",
+    "elastic_diag.layout": "layout", "elastic_diag.redaction": "layout",
     "elastic_diag.core": "core", "elastic_diag.report": "report", "elastic_diag.offline": "offline",
     "elastic_diag.gate": "gate", "elastic_diag.worker": "worker", "elastic_diag.agent": "agent",
     "elastic_diag.launch": "launch", "elastic_diag.cli": "front", "elastic_diag.run": "front",

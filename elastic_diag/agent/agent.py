@@ -113,6 +113,8 @@ class DiagAgent(LocalElasticAgent):
             # terminationGracePeriodSeconds are 30 s by default, torch's shutdown timeout too)
             timeout = max(1, int(timeout - (time.monotonic() - started) - STOP_MARGIN_S))
         super()._shutdown(death_sig, timeout)
+        if capture is not None:
+            capture.redact_streams()
 
     def _rendezvous(self, worker_group: WorkerGroup) -> None:
         try:

@@ -33,6 +33,7 @@ from typing import Any, Protocol
 from torch.distributed.elastic.agent.server.api import RunResult, WorkerState
 from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
 
+from elastic_diag import redaction
 from elastic_diag.agent.clock import Clock, Sleep
 from elastic_diag.agent.cluster import Cluster, global_verdict
 from elastic_diag.agent.dumps import POLL_S, native_stacks_of, request_dumps
@@ -46,6 +47,8 @@ from elastic_diag.core.flight_recorder import RankRecord
 from elastic_diag.core.verdict import AttemptStatus, Diagnosis
 from elastic_diag.layout import (
     EXCEPTION_FILE,
+    FILTERED_STDERR_FILE,
+    FILTERED_STDOUT_FILE,
     NONFINITE_FILE,
     PROGRESS_FILE,
     ROOT_CAUSE_FILE,
@@ -418,7 +421,22 @@ class AttemptCapture:
                                            evidence=evidence, local=diagnosis, status=status)  # fmt: skip
         if status == "failed" and diagnosis.initiating_rank is not None:
             result.failures = self._corrected_failures(result.failures, evidence, diagnosis)
+        self.redact_streams()
         return result
+
+    def redact_streams(self) -> None:
+        """The ranks have exited: mask this job's secrets in what they printed (redaction.py)."""
+        redactor = redaction.current()
+        if not redactor.values:
+            return
+        with self.session.guard("masking secrets in the ranks' output"):
+            for w in self.workers.values():
+                for name in (STDOUT_FILE, STDERR_FILE):
+                    if w.layout.path(name).exists():
+                        redaction.redact_file(w.layout.path(name), redactor)
+            for name in (FILTERED_STDOUT_FILE, FILTERED_STDERR_FILE):
+                if (self.attempt.dir / name).exists():
+                    redaction.redact_file(self.attempt.dir / name, redactor)
 
     def _corrected_failures(
         self, failures: dict[int, ProcessFailure], evidence: AttemptEvidence, diagnosis: Diagnosis
@@ -447,7 +465,7 @@ class AttemptCapture:
                 "errorCode": old.exitcode,
             }
         }
-        root_file.write_text(json.dumps(data))
+        root_file.write_text(redaction.current().text(json.dumps(data)))
         fixed = ProcessFailure(local_rank=old.local_rank, pid=old.pid, exitcode=old.exitcode, error_file=str(root_file))
         ordered = {root: fixed}
         ordered.update((r, f) for r, f in failures.items() if r != root)

@@ -15,6 +15,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from elastic_diag import redaction
 from elastic_diag.core.evidence import AttemptEvidence
 from elastic_diag.core.merge import (
     VERDICT_SCHEMA,
@@ -52,7 +53,7 @@ class StoreExchange:
         self.bytes_read = 0
 
     def _set(self, key: str, value: dict[str, Any]) -> None:
-        raw = json.dumps(value, separators=(",", ":"), default=str)
+        raw = redaction.current().text(json.dumps(value, separators=(",", ":"), default=str))
         self.bytes_sent += len(raw)
         self.store.set(f"{self.prefix}/{key}", raw)
 

@@ -18,6 +18,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Protocol
 
+from elastic_diag import redaction
 from elastic_diag.core.evidence import AttemptEvidence
 from elastic_diag.core.findings import retryable_own_failure
 from elastic_diag.core.taxonomy import load_taxonomy
@@ -93,7 +94,7 @@ class RestartGate:
         for i, r in enumerate(results):
             out_file = out_dir / f"control_{i}_{_slug(r.name)}.log"
             try:
-                out_file.write_text(r.output)
+                out_file.write_text(redaction.current().text(r.output))
                 kept: str | None = str(out_file)
             except OSError:
                 kept = None

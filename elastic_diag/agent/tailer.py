@@ -22,6 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from elastic_diag import redaction
 from elastic_diag.core.error_lines import ErrorScanner, error_line_to_json
 from elastic_diag.core.evidence import ErrorLine
 from elastic_diag.core.taxonomy import Taxonomy, load_taxonomy
@@ -150,7 +151,7 @@ class StreamTailer:
         path = self._dirs[key] / FIRST_ERROR_FILE
         with contextlib.suppress(OSError):
             tmp = path.with_name(f".{FIRST_ERROR_FILE}.tmp")
-            tmp.write_text(json.dumps(error_line_to_json(first)))
+            tmp.write_text(redaction.current().text(json.dumps(error_line_to_json(first))))
             os.replace(tmp, path)
 
     def skipped_bytes(self, key: int) -> int:

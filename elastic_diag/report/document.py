@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from elastic_diag import redaction
 from elastic_diag.core.evidence import AttemptEvidence, RankEvidence
 from elastic_diag.core.verdict import AttemptStatus, Diagnosis
 from elastic_diag.layout import REPORT_SCHEMA
@@ -131,7 +132,7 @@ def write_text_atomic(path: Path, text: str) -> None:
     """A temporary file, then ``os.replace``: a reader never sees half a file."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(text, encoding="utf-8")
+    tmp.write_text(redaction.current().text(text), encoding="utf-8")  # no secret of this process on disk
     os.replace(tmp, path)
 
 

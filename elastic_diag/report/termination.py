@@ -16,6 +16,8 @@ import os
 from pathlib import Path
 from typing import Any
 
+from elastic_diag import redaction
+
 MAX_BYTES = 4096  # what the kubelet keeps of the file
 
 
@@ -84,7 +86,7 @@ def write_termination_message(path: Path, text: str) -> str | None:
     """Write the message (replacing the file's content, as Kubernetes expects); the error, if any."""
     try:
         with open(path, "w", encoding="utf-8") as f:
-            f.write(text)
+            f.write(redaction.current().text(text))
         return None
     except OSError as e:
         return f"writing the termination message to {path}: {e.strerror or e}"

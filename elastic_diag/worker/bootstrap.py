@@ -39,6 +39,7 @@ import traceback
 from types import TracebackType
 from typing import IO, Any
 
+from elastic_diag import redaction
 from elastic_diag.layout import (
     ENV_BOOT_PATH,
     ENV_RANK_DIR,
@@ -69,7 +70,7 @@ def exception_type_name(etype: type[BaseException]) -> str:
 def _write_json(path: str, data: dict[str, Any]) -> None:
     tmp = f"{path}.tmp{os.getpid()}"
     with open(tmp, "w") as fp:
-        json.dump(data, fp)
+        json.dump(redaction.current().data(data), fp)  # a token in argv or a message never reaches the disk
     os.replace(tmp, path)
 
 
@@ -219,7 +220,12 @@ def install(rank_dir: str) -> None:
     atexit.register(_at_exit, b)
     _write_json(
         os.path.join(rank_dir, WORKER_FILE),
-        {"pid": os.getpid(), "start_time": _now(), "argv": sys.argv, "executable": sys.executable},
+        {
+            "pid": os.getpid(),
+            "start_time": _now(),
+            "argv": redaction.redact_argv(sys.argv),
+            "executable": sys.executable,
+        },
     )
 
 
