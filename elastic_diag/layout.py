@@ -8,6 +8,7 @@ live agent and the offline analyzer read them through the same readers, so the t
         report.json  report.html          the run's verdict (schema elastic_diag.report/1) and its page
         attempt_<N>/
             report.json                   the attempt's own report
+            environment.json              versions, memory, disks, ulimits, variables, GPUs at the first failure
             filtered_stdout.log  filtered_stderr.log   torch's --local-ranks-filter streams
             gate/                         the restart gate's controls and their output
             rank_<global rank>/
@@ -74,6 +75,9 @@ DUMP_DONE_FILE = "dump.done"
 PYSPY_FILE = "pyspy.txt"
 FIRST_ERROR_FILE = "first_error.json"
 ROOT_CAUSE_FILE = "root_cause.json"
+ENVIRONMENT_FILE = (
+    "environment.json"  # attempt_N/: versions, memory, disks, ulimits, variables, GPUs at the first failure
+)
 
 # a rank folder reused (the same --diag-dir again) starts without the last run's records
 STALE_FILES = (EXCEPTION_FILE, ERROR_FILE, STACKS_FILE, PROGRESS_FILE, FR_FILE, NONFINITE_FILE, DUMP_REQUEST_FILE,

@@ -4,6 +4,7 @@ leaves no abc123 anywhere under the diag dir; and the redaction rules on their o
 
 from __future__ import annotations
 
+import json
 import os
 import stat
 import subprocess
@@ -32,6 +33,11 @@ def test_no_secret_anywhere_under_the_diag_dir(tmp_path):
     assert grep.stdout == "", f"the secret is in: {grep.stdout}"
     assert SECRET in run.stdout  # the console showed what the script printed: that is the user's own terminal
     assert stat.S_IMODE(os.stat(diag).st_mode) & ~0o750 == 0  # never wider than rwxr-x---
+    # the environment snapshot of the failed attempt: on disk, in the report, folded in the page
+    env = json.loads((diag / "attempt_0" / "environment.json").read_text())
+    assert env["versions"]["torch"].startswith("2.") and env["took_ms"] < 2000 and "dev_shm" in env["disks"]
+    assert run.report["attempts"][0]["environment"]["sources"] == env["sources"]
+    assert "Environment at the first failure" in (diag / "report.html").read_text()
 
 
 def test_secret_values_from_the_environment_and_the_command_line():

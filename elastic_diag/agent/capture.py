@@ -28,6 +28,7 @@ import signal
 import threading
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Protocol
 
 from torch.distributed.elastic.agent.server.api import RunResult, WorkerState
@@ -37,15 +38,19 @@ from elastic_diag import redaction
 from elastic_diag.agent.clock import Clock, Sleep
 from elastic_diag.agent.cluster import Cluster, global_verdict
 from elastic_diag.agent.dumps import POLL_S, native_stacks_of, request_dumps
+from elastic_diag.agent.environment import BUDGET_S as ENVIRONMENT_BUDGET_S
+from elastic_diag.agent.environment import take_snapshot
 from elastic_diag.agent.health import HangAlarm, HealthMonitor
 from elastic_diag.agent.kernel import kernel_log_oom_lines, oom_evidence, remember_cgroups
 from elastic_diag.agent.tailer import StreamTailer
 from elastic_diag.config import DiagConfig
 from elastic_diag.core.classify import classify_attempt, straggler_warnings
+from elastic_diag.core.environment import environment_findings
 from elastic_diag.core.evidence import AttemptEvidence, RankEvidence, as_seconds, parse_stack_dump
 from elastic_diag.core.flight_recorder import RankRecord
 from elastic_diag.core.verdict import AttemptStatus, Diagnosis
 from elastic_diag.layout import (
+    ENVIRONMENT_FILE,
     EXCEPTION_FILE,
     FILTERED_STDERR_FILE,
     FILTERED_STDOUT_FILE,
@@ -65,6 +70,7 @@ from elastic_diag.layout import (
     read_tail,
     read_thread_exception,
 )
+from elastic_diag.report.document import write_json_atomic
 from elastic_diag.report.session import DiagSession
 
 CGROUP_POLL_S = 0.25  # how often a live rank's cgroup is read (it may move itself into another)
@@ -164,6 +170,8 @@ class AttemptCapture:
         self.cgroup_baseline: dict[int, dict[str, Any] | None] = {}  # its memory cgroup when first seen there
         self._cgroups_read_at = float("-inf")
         self._kernel: dict[int, dict[str, Any]] = {}
+        self._environment: threading.Thread | None = None
+        self.environment: dict[str, Any] | None = None  # the snapshot, once taken
         self.health: HealthMonitor | None = None
         if config.hang_timeout_s != 0:
             files = {w.local_rank: w.layout.path(PROGRESS_FILE) for w in workers}
@@ -241,7 +249,26 @@ class AttemptCapture:
         evidence = self.evidence(final=False)
         self.diagnosis = classify_attempt(evidence)
         self.session.record_attempt(evidence, self.diagnosis, status="failed", final=False)
+        self.start_environment_snapshot()
         return self.diagnosis
+
+    def start_environment_snapshot(self) -> None:
+        """attempt_N/environment.json, once, in a thread of its own (bounded: environment.BUDGET_S), so
+        that the teardown and the verdict never wait for it; finish() joins it."""
+        if self._environment is not None:
+            return
+
+        def take() -> None:
+            with self.session.guard("taking the environment snapshot"):
+                snapshot = take_snapshot(Path.cwd(), self.config.checkpoint_dir)
+                write_json_atomic(self.attempt.dir / ENVIRONMENT_FILE, snapshot)
+                self.environment = snapshot
+                for finding in environment_findings(snapshot):
+                    self.session.warnings.append({"class": "environment", "summary": finding, "rank": None,
+                                                  "node": self.node, "attempt": self.attempt.attempt})  # fmt: skip
+
+        self._environment = threading.Thread(target=take, daemon=True, name="elastic-diag-environment")
+        self._environment.start()
 
     def hang_alarm(self) -> HangAlarm | None:
         return self.health.alarm if self.health is not None else None
@@ -268,6 +295,7 @@ class AttemptCapture:
         evidence = self.evidence(final=False)
         self.diagnosis = classify_attempt(evidence)
         self.session.record_attempt(evidence, self.diagnosis, status="failed", final=False)
+        self.start_environment_snapshot()
         self.stop_group()
         return self.diagnosis
 
@@ -406,6 +434,10 @@ class AttemptCapture:
             self.health.stop()
         self.tailer.stop()
         status: AttemptStatus = "succeeded" if result.state == WorkerState.SUCCEEDED else "failed"
+        if status == "failed":
+            self.start_environment_snapshot()  # torch saw the failure first: take it now
+        if self._environment is not None:
+            self._environment.join(timeout=ENVIRONMENT_BUDGET_S + 1.0)
         evidence = self.evidence(final=True)
         self.final_evidence = evidence
         diagnosis = classify_attempt(evidence)
@@ -414,7 +446,7 @@ class AttemptCapture:
             self.session.note(f"attempt {self.attempt.attempt}: missing evidence: {problem}")
         for warning in straggler_warnings(evidence):
             self.session.warnings.append(warning)
-        self.session.record_attempt(evidence, diagnosis, status=status, final=True)
+        self.session.record_attempt(evidence, diagnosis, status=status, final=True, environment=self.environment)
         if self.cluster is not None and status == "failed":
             with self.session.guard("merging the other nodes' records (the local verdict stands)"):
                 diagnosis = global_verdict(self.cluster, self.session, attempt=self.attempt.attempt, node=self.node,

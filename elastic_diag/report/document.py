@@ -31,6 +31,7 @@ class AttemptRecord:
     final: bool  # False while the verdict was taken before teardown and not yet refined
     gate: dict[str, Any] | None = None  # the restart gate's decision after this attempt, if it was asked
     cluster: dict[str, Any] | None = None  # several nodes: who reported, clock offset, the local verdict
+    environment: dict[str, Any] | None = None  # the snapshot at the first failure (attempt_N/environment.json)
 
 
 def rank_entry(ev: RankEvidence, role: str) -> dict[str, Any]:
@@ -81,6 +82,7 @@ def attempt_entry(record: AttemptRecord) -> dict[str, Any]:
         "came_up": record.evidence.came_up,
         "decided_at": record.evidence.decided_at,
         **({"nodes": record.cluster} if record.cluster else {}),
+        **({"environment": record.environment} if record.environment else {}),
     }
 
 

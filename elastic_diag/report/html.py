@@ -321,6 +321,11 @@ def _attempt(a: dict[str, Any], n_attempts: int, top_initiating: int | None) -> 
     nodes = a.get("nodes")
     if isinstance(nodes, dict):
         out.append(f"<h3>Nodes</h3><pre>{_e(json.dumps(nodes, indent=1)[:4000])}</pre>")
+    environment = a.get("environment")
+    if isinstance(environment, dict):  # folded: versions, memory, disks, ulimits, variables, GPUs
+        took = environment.get("took_ms")
+        out.append(f"<details><summary>Environment at the first failure (environment.json, taken in {_e(took)} ms)"
+                   f"</summary><pre>{_e(json.dumps(environment, indent=1)[:20000])}</pre></details>")  # fmt: skip
     out.append("</section>")
     return "".join(out)
 

@@ -61,9 +61,14 @@ class DiagSession:
         status: AttemptStatus,
         final: bool,
         cluster: dict[str, Any] | None = None,
+        environment: dict[str, Any] | None = None,
     ) -> None:
+        earlier = self.attempts.get(evidence.attempt)
+        if environment is None and earlier is not None:  # a merged verdict keeps the snapshot taken here
+            environment = earlier.environment
         record = AttemptRecord(evidence=evidence, diagnosis=diagnosis, status=status, final=final,
-                               gate=self.gates.get(evidence.attempt), cluster=cluster)  # fmt: skip
+                               gate=self.gates.get(evidence.attempt), cluster=cluster,
+                               environment=environment)  # fmt: skip
         self.attempts[evidence.attempt] = record
         attempt_report = build_report(
             run_id=self.run_id, status=status, attempts=[record], diag_dir=str(self.config.diag_dir), node=self.node
