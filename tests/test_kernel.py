@@ -45,6 +45,10 @@ def test_oom_evidence_needs_the_count_to_grow_or_the_pid_in_the_kernel_log(tmp_p
                                                                          for x in old["looked_at"])  # fmt: skip
     never = kernel.oom_evidence(4242, None, {}, {}, "/dev/kmsg: Operation not permitted; no dmesg on PATH")
     assert not never["proven"] and "the rank's cgroup was never read" in never["looked_at"][1]
+    _v1(tmp_path, "/job_7/task_1", 1, limit=64 << 20)  # the rank moved here and died before a poll saw it
+    moved = kernel.oom_evidence(4242, before, paths, {4242: "Memory cgroup out of memory: Killed process 4242"},
+                                "kmsg", kernel_memcg="/job_7/task_1")  # fmt: skip
+    assert moved["proven"] and moved["cgroup"]["path"] == "/job_7/task_1" and moved["cgroup"]["limit_bytes"] == 64 << 20
     by_log = kernel.oom_evidence(4242, None, {}, {4242: "Out of memory: Killed process 4242 (python3)"}, "kmsg")
     assert by_log["proven"] and by_log["line"].startswith("Out of memory: Killed process 4242")
 
@@ -52,15 +56,20 @@ def test_oom_evidence_needs_the_count_to_grow_or_the_pid_in_the_kernel_log(tmp_p
 def test_the_kernel_log_names_the_pid_or_says_why_not(tmp_path, monkeypatch):
     log = tmp_path / "kmsg"
     log.write_bytes(b"6,625,372869,-;[  pid  ]   uid  tgid total_vm      rss name\n"
+                    b"6,627,372869,-;oom-kill:constraint=CONSTRAINT_MEMCG,nodemask=(null),cpuset=/,mems_allowed=0,"
+                    b"oom_memcg=/job_7/task_1,task_memcg=/job_7/task_1,task=python3,pid=30286,uid=0\n"
                     b"3,628,372870,-;Memory cgroup out of memory: Killed process 30286 (python3) total-vm:82136kB\n"
                     b"3,700,372990,-;Out of memory: Killed process 777 (java) total-vm:1kB\n")  # fmt: skip
     monkeypatch.setattr(kernel, "KMSG", log)
-    found, source = kernel.kernel_log_oom_lines({30286, 12})
+    found, memcgs, source = kernel.kernel_log_oom_lines({30286, 12})
     assert found == {30286: "Memory cgroup out of memory: Killed process 30286 (python3) total-vm:82136kB"}
+    assert memcgs == {30286: "/job_7/task_1"}
     assert source.startswith(str(log))
+    found, _, _ = kernel.kernel_log_oom_lines({30286}, since=0.5)  # stamped 0.372870 s: before the ranks started
+    assert found == {}
     monkeypatch.setattr(kernel, "KMSG", tmp_path / "no-kmsg")
     monkeypatch.setenv("PATH", str(tmp_path))  # and no dmesg either
-    found, source = kernel.kernel_log_oom_lines({30286})
+    found, _, source = kernel.kernel_log_oom_lines({30286})
     assert found == {} and "No such file or directory" in source and "no dmesg on PATH" in source
 
 

@@ -169,6 +169,7 @@ class AttemptCapture:
         self.cgroups: dict[int, dict[str, str]] = {}  # each live rank's cgroup paths, last read
         self.cgroup_baseline: dict[int, dict[str, Any] | None] = {}  # its memory cgroup when first seen there
         self._cgroups_read_at = float("-inf")
+        self._started_monotonic = monotonic()  # kernel log stamps are seconds since boot, as CLOCK_MONOTONIC
         self._kernel: dict[int, dict[str, Any]] = {}
         self._environment: threading.Thread | None = None
         self.environment: dict[str, Any] | None = None  # the snapshot, once taken
@@ -189,7 +190,8 @@ class AttemptCapture:
         now = self._monotonic()
         if now - self._cgroups_read_at >= CGROUP_POLL_S:  # a zombie's /proc/<pid>/cgroup shows the root
             self._cgroups_read_at = now
-            live = {lr: self.workers[lr].proc.pid for lr, c in codes.items() if c is None}
+            gone = self.watcher.exited()
+            live = {lr: self.workers[lr].proc.pid for lr, c in codes.items() if c is None and lr not in gone}
             with contextlib.suppress(Exception):
                 remember_cgroups(live, self.cgroups, self.cgroup_baseline)
         return codes
@@ -201,10 +203,11 @@ class AttemptCapture:
         todo = killed - set(self._kernel)
         if todo:
             pids = {self.workers[lr].proc.pid for lr in todo}
-            lines, source = kernel_log_oom_lines(pids)
+            lines, memcgs, source = kernel_log_oom_lines(pids, since=self._started_monotonic - 5.0)
             for lr in todo:
-                self._kernel[lr] = oom_evidence(self.workers[lr].proc.pid, self.cgroup_baseline.get(lr),
-                                                self.cgroups.get(lr, {}), lines, source)  # fmt: skip
+                pid = self.workers[lr].proc.pid
+                self._kernel[lr] = oom_evidence(pid, self.cgroup_baseline.get(lr), self.cgroups.get(lr, {}), lines,
+                                                source, memcgs.get(pid))  # fmt: skip
         return {lr: self._kernel[lr] for lr in killed}
 
     def exit_time(self, lr: int) -> float | None:

@@ -93,15 +93,38 @@ def memory_cgroup(paths: dict[str, str], root: Path | None = None) -> dict[str, 
     return None
 
 
-def kernel_log_oom_lines(pids: set[int], budget_s: float = KERNEL_LOG_BUDGET_S) -> tuple[dict[int, str], str]:
+# the line before it names the victim's memory cgroup: "oom-kill:constraint=...,task_memcg=/job/x,task=python,pid=N"
+_MEMCG = re.compile(rb"oom-kill:.*?task_memcg=([^,\s]+).*?[, ]pid=(\d+)")
+_STAMP = re.compile(rb"^(?:\d+,\d+,(\d+),[^;]*;|\[\s*(\d+\.\d+)\])")  # kmsg's usec field, dmesg's [secs]
+
+
+def _seconds_since_boot(line: bytes) -> float | None:
+    m = _STAMP.match(line)
+    if m is None:
+        return None
+    return int(m.group(1)) / 1e6 if m.group(1) else float(m.group(2))
+
+
+def kernel_log_oom_lines(pids: set[int], budget_s: float = KERNEL_LOG_BUDGET_S,
+                         since: float | None = None) -> tuple[dict[int, str], dict[int, str], str]:  # fmt: skip
     """The kernel's "Killed process <pid>" line for each of ``pids`` it names, and what was read (or
-    why nothing could be): /dev/kmsg, else ``dmesg``; bounded by ``budget_s`` and KMSG_MAX_BYTES."""
+    why nothing could be): /dev/kmsg, else ``dmesg``; bounded by ``budget_s`` and KMSG_MAX_BYTES.
+    ``since``: seconds since boot (``time.monotonic()`` when the ranks started); a stamped line from
+    before it is another process that had the same pid. Also returns each pid's memory cgroup as the
+    kernel named it (``task_memcg``): the cgroup of a rank that moved and died between two polls."""
     found: dict[int, str] = {}
+    memcgs: dict[int, str] = {}
     deadline = time.monotonic() + budget_s
 
     def scan(chunk: bytes) -> None:  # one kmsg record, or lines of dmesg's output
         for line in chunk.splitlines():
             m = _KILLED.search(line)
+            stamp = _seconds_since_boot(line) if since is not None else None
+            if stamp is not None and since is not None and stamp < since:
+                continue
+            memcg = _MEMCG.search(line)
+            if memcg and int(memcg.group(2)) in pids:
+                memcgs[int(memcg.group(2))] = memcg.group(1).decode("utf-8", "replace")
             if m and int(m.group(1)) in pids:
                 text = line.decode("utf-8", "replace").strip()
                 # kmsg's "3,628,37286954100,-;Memory cgroup out of memory: ..." without its header
@@ -127,32 +150,38 @@ def kernel_log_oom_lines(pids: set[int], budget_s: float = KERNEL_LOG_BUDGET_S) 
                     break
                 read += len(record)
                 scan(record)
-            return found, f"{KMSG} ({read} bytes read)"
+            return found, memcgs, f"{KMSG} ({read} bytes read)"
         except OSError as e:
             kmsg_problem = f"{KMSG}: {e.strerror or e}"
         finally:
             os.close(fd)
     dmesg = shutil.which("dmesg")
     if dmesg is None:
-        return found, f"{kmsg_problem}; no dmesg on PATH"
+        return found, memcgs, f"{kmsg_problem}; no dmesg on PATH"
     try:
         out = subprocess.run([dmesg], capture_output=True, timeout=max(0.2, deadline - time.monotonic()), check=False)
     except (OSError, subprocess.TimeoutExpired) as e:
-        return found, f"{kmsg_problem}; dmesg: {type(e).__name__}"
+        return found, memcgs, f"{kmsg_problem}; dmesg: {type(e).__name__}"
     if out.returncode != 0:
         why = out.stderr.decode("utf-8", "replace").strip().splitlines()[:1]
-        return found, f"{kmsg_problem}; dmesg exited {out.returncode}" + (f" ({why[0]})" if why else "")
+        return found, memcgs, f"{kmsg_problem}; dmesg exited {out.returncode}" + (f" ({why[0]})" if why else "")
     scan(out.stdout[-KMSG_MAX_BYTES:])
-    return found, f"{kmsg_problem}; dmesg ({len(out.stdout)} bytes)"
+    return found, memcgs, f"{kmsg_problem}; dmesg ({len(out.stdout)} bytes)"
 
 
 def oom_evidence(pid: int, cgroup_at_start: dict[str, Any] | None, paths: dict[str, str],
-                 kernel_lines: dict[int, str], kernel_source: str) -> dict[str, Any]:  # fmt: skip
+                 kernel_lines: dict[int, str], kernel_source: str,
+                 kernel_memcg: str | None = None) -> dict[str, Any]:  # fmt: skip
     """What the kernel says of one SIGKILLed rank: ``proven``, the decisive ``line``, the ``cgroup``
     (limit and peak), and ``looked_at``: each source and what it gave."""
     looked: list[str] = []
     line = kernel_lines.get(pid)
     looked.append(f"kernel log: {kernel_source}: " + ("a line names this pid" if line else f"no OOM kill of pid {pid}"))
+    if kernel_memcg and (paths.get("memory", paths.get("")) != kernel_memcg):
+        # the kernel named the victim's cgroup and it is not the one last seen (the rank moved between polls)
+        paths = {("memory" if "memory" in paths or not paths else ""): kernel_memcg}
+        looked.append(f"memory cgroup: {kernel_memcg}, as the kernel's oom-kill line names it")
+        cgroup_at_start = None
     cgroup = memory_cgroup(paths) if paths else None
     proof_by_cgroup = None
     if cgroup is None:
@@ -183,9 +212,18 @@ def remember_cgroups(pids: dict[int, int], known: dict[int, dict[str, str]],
     seen under a path is its baseline oom_kill count."""
     for key, pid in pids.items():
         paths = cgroup_paths(pid)
-        if not paths:
+        if not paths or not _running(pid):  # read after the exit: a zombie's cgroup is the root, not its own
             continue
         if known.get(key) != paths:
             known[key] = paths
             with contextlib.suppress(Exception):
                 baseline[key] = memory_cgroup(paths)
+
+
+def _running(pid: int) -> bool:
+    """Not a zombie (checked after the cgroup was read: then that read was of the live process)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state not in ("Z", "X", "x")
