@@ -110,8 +110,10 @@ def test_a_signal_to_the_launcher_is_a_stop_from_outside(tmp_path, signum, code)
     assert "job STOPPED from outside" in err and "Traceback" not in err.split("job STOPPED")[-1]
     held = [r for r in report["stop"]["ranks"] if not r["exited"]]
     if signum == signal.SIGTERM:  # rank 1's stack, taken before torch killed it; the repeated signal did not cut in
-        assert [r["rank"] for r in held] == [1] and "in save_checkpoint" in held[0]["where"], report["stop"]
-        assert "Rank 1 did not exit within 5 s of it" in d["summary"]
+        # (rank 0 is held too when the signal reached rank 1 first and rank 0 went on into the next all_reduce)
+        by_rank = {r["rank"]: r for r in held}
+        assert 1 in by_rank and "in save_checkpoint" in by_rank[1]["where"], report["stop"]
+        assert "did not exit within 5 s of it" in d["summary"] and "save_checkpoint" in d["summary"]
         assert "SIGTERM again while stopping; the stop goes on" in err, err[-3000:]
     else:  # Ctrl-C interrupts every rank; one still in a collective when the grace ends has its stack taken
         assert all(r["stack_file"] for r in held), report["stop"]
