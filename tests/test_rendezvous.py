@@ -65,9 +65,12 @@ def test_the_switch_under_the_static_backend_and_not_under_an_invalid_value(tmp_
     static = ["--rdzv-backend", "static", "--master-addr", "127.0.0.1", "--master-port", str(port),
               "--nnodes", "1", "--node-rank", "0", "--nproc-per-node", "2"]  # fmt: skip
     failing = [*SCRIPT[:1], "--inject", "segfault", "--culprit-rank", "1", "--steps", "8"]
+    # with a requeue code: a segfault is retryable, so plain torchrun leaves with it (Slurm's RequeueExit=)
     run = launch(plain_torchrun(*static, *failing), tmp_path / "on", env={"ELASTIC_DIAG": "1",
-                 "ELASTIC_DIAG_DIR": str(tmp_path / "on")})  # fmt: skip
+                 "ELASTIC_DIAG_DIR": str(tmp_path / "on"), "ELASTIC_DIAG_REQUEUE_EXIT_CODE": "75"})  # fmt: skip
     assert verdict(run.report)[:2] == ("segfault", 1)
+    assert run.returncode == 75 and run.report["requeue"]["requeue"] is True, run.stderr[-2000:]
+    assert "elastic_diag: exit 75 (ELASTIC_DIAG_REQUEUE_EXIT_CODE): segfault (segfault) is retryable" in run.stderr
     assert "started by ELASTIC_DIAG=1 (torchrun --rdzv-backend static)" in run.report["notes"][0]
     off = tmp_path / "invalid"
     plain = launch(plain_torchrun("--standalone", "--nproc-per-node", "2", *failing), off,
