@@ -24,7 +24,7 @@ def missing_tools() -> list[str]:
     return [d for d in DAEMONS if shutil.which(d) is None and not Path("/usr/sbin", d).exists()]
 
 
-def _free_port() -> int:
+def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
@@ -109,7 +109,7 @@ class SlurmCluster:
         r = self.root
         lines = [
             "ClusterName=edtest", f"SlurmctldHost={host}(127.0.0.1)", "AuthType=auth/munge",
-            f"AuthInfo=socket={self.munge_socket}", "CredType=cred/munge", f"SlurmctldPort={_free_port()}",
+            f"AuthInfo=socket={self.munge_socket}", "CredType=cred/munge", f"SlurmctldPort={free_port()}",
             f"StateSaveLocation={r}/state", f"SlurmdSpoolDir={r}/spool_%n", f"SlurmctldPidFile={r}/slurmctld.pid",
             f"SlurmdPidFile={r}/slurmd.%n.pid", f"SlurmctldLogFile={r}/slurmctld.log",
             f"SlurmdLogFile={r}/slurmd.%n.log",
@@ -120,7 +120,7 @@ class SlurmCluster:
         ]  # fmt: skip
         (r / "state").mkdir()
         for node in self.nodes:
-            lines.append(f"NodeName={node} NodeHostname={host} NodeAddr=127.0.0.1 Port={_free_port()} CPUs=1 "
+            lines.append(f"NodeName={node} NodeHostname={host} NodeAddr=127.0.0.1 Port={free_port()} CPUs=1 "
                          "RealMemory=4000")  # fmt: skip
         lines.append(f"PartitionName=debug Nodes={','.join(self.nodes)} Default=YES MaxTime=INFINITE State=UP")
         self.conf.write_text("\n".join(line for line in lines if line.strip()) + "\n")

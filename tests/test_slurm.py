@@ -19,7 +19,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import socket
 import sys
 import tempfile
 import time
@@ -27,7 +26,7 @@ from pathlib import Path
 
 import pytest
 from helpers import EXAMPLE, ROOT, kill_leftovers
-from slurm_cluster import SlurmCluster, missing_tools
+from slurm_cluster import SlurmCluster, free_port, missing_tools
 
 from elastic_diag.report.schema import validate
 
@@ -76,12 +75,6 @@ def _report(folder: Path) -> dict:
     data = json.loads((folder / "report.json").read_text())
     validate(data)
     return data
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _wait_for_line(path: Path, text: str, timeout: float, slurm: SlurmCluster, job: str) -> None:
@@ -151,7 +144,7 @@ echo "launcher exit $?"'
         assert second_run["status"] == "succeeded"
 
         # 2. two nodes, one srun step, the default diag dir; rank 1 (on node1) raises
-        port = _free_port()
+        port = free_port()
         job = slurm.sbatch(_script(tmp_path / "two_nodes.sh", f"""
 srun {LAUNCHER} --nnodes 2 --nproc-per-node 1 --rdzv-backend c10d --rdzv-endpoint 127.0.0.1:{port} \\
     --rdzv-id $SLURM_JOB_ID --diag-requeue-exit-code {REQUEUE} \\
