@@ -1,7 +1,8 @@
 """``elastic-diag``: the command-line front door.
 
 Subcommands: ``run`` (the same as ``torchrun-diag``), ``analyze PATH...`` (offline, no torch),
-``report DIR`` (render report.html), ``signatures`` (list the taxonomy), ``explain ID`` (one
+``report DIR`` (render report.html), ``verify DIR`` (run the report's verification command and record
+the outcome), ``signatures`` (list the taxonomy), ``explain ID`` (one
 signature as a page).
 ``main(argv) -> parse -> subcommand``; only ``main`` touches the exit status.
 """
@@ -25,8 +26,16 @@ def explain_text(sid: str) -> str:
     def wrap(text: str) -> str:
         return textwrap.fill(" ".join(text.split()), width=96)
 
+    from elastic_diag.report.checklist import signature_checklist
+
     out = [f"{sig.id}: {sig.title}", f"class: {sig.failure_class}    role: {sig.role_hint}    "
            f"retryable: {'yes' if sig.retryable else 'no'}", ""]  # fmt: skip
+    out.append("Checklist (in this order):")
+    for i, (title, lines) in enumerate(signature_checklist(sig), start=1):
+        label = f"  {i}. {title}" if title != "Where" else "  where"
+        out.append(label + ":")
+        out.extend(f"       {line}" for line in lines if line)
+    out.append("")
     if sig.patterns or sig.exception_types or sig.signals:
         out.append("Recognised by:")
         out.extend(f"  line matching  {p.pattern}" for p in sig.patterns)
@@ -36,7 +45,7 @@ def explain_text(sid: str) -> str:
     out += ["What it means:", textwrap.indent(wrap(sig.meaning), "  "), "", "How to confirm:"]
     for item in sig.confirm:
         out.append(textwrap.fill(item, width=94, initial_indent="  - ", subsequent_indent="    "))
-    out += ["", "Fix:", textwrap.indent(wrap(sig.fix), "  "), "", "Verify:", f"  {sig.verify}"]
+    out += ["", "Fix:", textwrap.indent(wrap(sig.fix), "  ")]
     if sig.siblings:
         out += ["", "Look-alikes: " + ", ".join(sig.siblings)]
     return "\n".join(out)
@@ -109,6 +118,33 @@ def _cmd_report(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _cmd_verify(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from elastic_diag.gate.rerun import verify_diag_dir
+    from elastic_diag.report.terminal import Progress
+
+    diag_dir = Path(args.diag_dir)
+    if diag_dir.is_file() and diag_dir.name.endswith(".json"):
+        diag_dir = diag_dir.parent
+    if not diag_dir.is_dir():
+        print(f"elastic-diag: error: no such folder: {args.diag_dir}", file=sys.stderr)
+        return EXIT_USAGE
+    if not 1 <= args.timeout <= 86_400:
+        print(f"elastic-diag: error: --timeout {args.timeout:g}: must be between 1 and 86400 seconds", file=sys.stderr)
+        return EXIT_USAGE
+    with Progress(f"elastic-diag verify: running the verification of {diag_dir} (at most {args.timeout:g} s)",
+                  sys.stderr):  # fmt: skip
+        record = verify_diag_dir(diag_dir, timeout_s=args.timeout)
+    if record.get("command"):
+        print(f"ran: {record['command']}")
+    print(("PASSED: " if record["passed"] else "FAILED: ") + str(record["summary"]))
+    if record.get("output_file"):
+        print(f"output: {record['output_file']} ({record.get('output_bytes', 0)} bytes)")
+    print(f"recorded in {diag_dir / 'report.json'} (verification)")
+    return EXIT_OK if record["passed"] else EXIT_FAILED
+
+
 def get_parser() -> argparse.ArgumentParser:
     from elastic_diag import __version__
 
@@ -126,6 +162,16 @@ def get_parser() -> argparse.ArgumentParser:
     report = sub.add_parser("report", help="(re)render report.html of a diag dir, from its report.json")
     report.add_argument("diag_dir", help="the run's diag dir (or its report.json)")
     report.set_defaults(func=_cmd_report)
+    verify = sub.add_parser("verify", help="run a report's verification command; exit 0 when the failure is gone")
+    verify.add_argument("diag_dir", help="the run's diag dir (or its report.json)")
+    verify.add_argument(
+        "--timeout",
+        type=float,
+        default=1800.0,
+        metavar="S",
+        help="kill the command after S seconds (default 1800): a timeout fails the verification",
+    )
+    verify.set_defaults(func=_cmd_verify)
     explain = sub.add_parser("explain", help="explain one failure signature")
     explain.add_argument("signature_id")
     explain.set_defaults(func=_cmd_explain)

@@ -327,3 +327,21 @@ def read_flight_record(rank_dir: Path, rank: int) -> tuple[RankRecord | None, st
     if got.problem is not None:
         return None, f"rank {rank}: {got.problem}"
     return got.record, None
+
+
+def latest_checkpoint(folder: Path | None) -> Path | None:
+    """The newest entry (file or folder) under ``folder`` (the checkpoint dir), by modification time;
+    None when empty or unreadable. The restart gate resumes from it; the reports name it."""
+    if folder is None:
+        return None
+    stamped = []
+    try:
+        for p in folder.iterdir():
+            if not p.name.startswith("."):
+                try:
+                    stamped.append((p.stat().st_mtime, p))
+                except OSError:  # removed meanwhile (a rotation of old checkpoints)
+                    continue
+    except OSError:
+        return None
+    return max(stamped, key=lambda x: x[0])[1] if stamped else None

@@ -81,7 +81,15 @@ def test_signatures_and_explain():
     assert p.returncode == 0 and "gloo-timeout" in p.stdout and "segfault" in p.stdout
     p = cli("-m", "elastic_diag.cli", "explain", "gloo-timeout")
     assert p.returncode == 0
-    for part in ("What it means:", "How to confirm:", "Fix:", "Verify:", "Look-alikes:"):
+    for part in (
+        "Checklist (in this order):",
+        "4. Verify",
+        "5. Resume",
+        "What it means:",
+        "How to confirm:",
+        "Fix:",
+        "Look-alikes:",
+    ):
         assert part in p.stdout
     p = cli("-m", "elastic_diag.cli", "explain", "no-such-thing")
     assert p.returncode == 2 and "no signature" in p.stderr

@@ -51,7 +51,7 @@ MAY_IMPORT = {
     "core": {"base", "core", "layout"},  # layout's names only (schema ids): no reader is called from the core
     "report": {"base", "layout", "core", "report", "offline"},  # the page of a missing report: its analysis
     "offline": {"base", "layout", "core", "report", "offline"},
-    "gate": {"base", "layout", "report", "gate"},
+    "gate": {"base", "layout", "core", "report", "gate"},  # the verification's judgement is the core's
     "worker": {"layout", "worker"},
     "agent": {"base", "layout", "core", "report", "gate", "worker", "agent"},
     "launch": {"base", "layout", "core", "report", "gate", "worker", "agent", "launch"},

@@ -25,7 +25,7 @@ from elastic_diag.core.taxonomy import load_taxonomy
 from elastic_diag.core.verdict import Diagnosis
 from elastic_diag.gate import controls, policy
 from elastic_diag.gate.policy import AttemptOutcome, GateRecord
-from elastic_diag.layout import ENV_PREVIOUS_DIAGNOSIS, ENV_RESUME_FROM, GATE_DIR, attempt_dir_name
+from elastic_diag.layout import ENV_PREVIOUS_DIAGNOSIS, ENV_RESUME_FROM, GATE_DIR, attempt_dir_name, latest_checkpoint
 from elastic_diag.report.session import DiagSession
 
 logger = logging.getLogger(__name__)
@@ -72,7 +72,7 @@ class RestartGate:
         gate.decision = "restart" if decision.restart else "refused"
         gate.reason = decision.reason
         if decision.restart:
-            gate.resume_from = str(controls.latest_checkpoint(config.checkpoint_dir) or "") or None
+            gate.resume_from = str(latest_checkpoint(config.checkpoint_dir) or "") or None
         if nodes > 1 and store is not None:
             with self.session.guard("publishing the restart decision to the other nodes"):
                 store.set(self._key(attempt), json.dumps(gate.to_json()))
@@ -121,7 +121,7 @@ class RestartGate:
 
 def resume_env(session: DiagSession, attempt: int, diagnosis: Diagnosis) -> dict[str, str]:
     """What the next attempt's ranks find in their environment (DiagLogsSpecs adds it)."""
-    latest = controls.latest_checkpoint(session.config.checkpoint_dir)
+    latest = latest_checkpoint(session.config.checkpoint_dir)
     return {
         ENV_RESUME_FROM: str(latest) if latest is not None else "",
         ENV_PREVIOUS_DIAGNOSIS: diagnosis_id(session.run_id, attempt, diagnosis),

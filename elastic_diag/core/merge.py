@@ -257,7 +257,7 @@ def _lost_nodes(missing: list[int], hellos: dict[int, dict[str, Any]], evidence:
         evidence=tuple(evidence_lines),
         fix="Find why the node went away: its kernel log (OOM killer, reboots), the scheduler's events "
         "(preemption, node failure), its network.",
-        verify="torchrun-diag ... --max-restarts 1  # on a replacement node the job must pass this step",
+        verify="<relaunch>  # on a healthy node set, the job must pass this step",
         collateral_ranks=collateral,
         roles=roles,
         retryable=True,

@@ -115,7 +115,7 @@ def stopped_from_outside(
             if holdouts
             else ""
         ),
-        verify="sacct -j <job id> -o JobID,State,ExitCode,Elapsed  # or the pod's events: who sent the signal",
+        verify="<relaunch>  # with nothing stopping it, the job must pass the step it had reached",
         rule="stopped_from_outside",
         retryable=True,
     )

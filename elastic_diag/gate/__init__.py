@@ -4,7 +4,7 @@ pass first. The names users write (``elastic_diag.gate.RestartPolicy``, ``Decisi
 the built-in policies) are importable from here.
 """
 
-from elastic_diag.gate.controls import ControlContext, ControlResult, latest_checkpoint, verify
+from elastic_diag.gate.controls import ControlContext, ControlResult, verify
 from elastic_diag.gate.policy import (
     BUILTIN_POLICIES,
     DETERMINISTIC_CLASSES,
@@ -18,6 +18,7 @@ from elastic_diag.gate.policy import (
     never,
     verified,
 )
+from elastic_diag.layout import latest_checkpoint
 
 __all__ = [
     "BUILTIN_POLICIES",

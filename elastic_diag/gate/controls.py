@@ -20,6 +20,7 @@ from typing import Any
 
 from tenacity import RetryError, Retrying, retry_if_result, stop_after_attempt, stop_after_delay, wait_exponential
 
+from elastic_diag.layout import latest_checkpoint
 from elastic_diag.report.terminal import Progress
 
 BUILTIN_CONTROLS = ("collective", "checkpoint", "disk", "signature")
@@ -54,17 +55,6 @@ class ControlContext:
     retries: int = 2
     signature_patterns: tuple[str, ...] = ()
     env: dict[str, str] = field(default_factory=dict)
-
-
-def latest_checkpoint(folder: Path | None) -> Path | None:
-    """The newest entry (file or folder) under ``folder``, by modification time; None when empty."""
-    if folder is None:
-        return None
-    try:
-        entries = [p for p in folder.iterdir() if not p.name.startswith(".")]
-    except OSError:
-        return None
-    return max(entries, key=lambda p: p.stat().st_mtime, default=None)
 
 
 def checkpoint_identity(folder: Path | None) -> str | None:
@@ -200,12 +190,18 @@ def control_disk(ctx: ControlContext) -> ControlResult:
 
 
 def control_command(command: str, ctx: ControlContext) -> ControlResult:
-    code, out = _run(command, ctx, shell=True)
-    if code is None:
+    """The user's command (``--diag-verify``), bounded as ``elastic-diag verify`` runs one (gate/rerun.py):
+    its process group killed at the deadline, its output bounded in memory."""
+    from elastic_diag.gate.rerun import run_command
+
+    run = run_command(command, timeout_s=ctx.timeout_s, log_path=None, env=ctx.env)  # the gate writes the output
+    out = (run.head if run.output_bytes <= len(run.head.encode()) else run.head[:OUTPUT_LIMIT // 2] + "\n...\n"
+           + run.tail[-OUTPUT_LIMIT // 2 :])  # fmt: skip
+    if run.timed_out:
         return ControlResult(command, False, f"did not finish within {ctx.timeout_s:.0f} s", out)
-    if code == 127 and ("not found" in out or "cannot run" in out):
+    if run.exit_code == 127 and ("not found" in out or "cannot run" in out):
         return ControlResult(command, False, f"command not found (exit 127): {out.strip()[-300:]}", out)
-    return ControlResult(command, code == 0, f"exit status {code}", out)
+    return ControlResult(command, run.exit_code == 0, f"exit status {run.exit_code}", out)
 
 
 def run_control(spec: str, ctx: ControlContext) -> ControlResult:
@@ -260,7 +256,9 @@ def verify(specs: Sequence[str], ctx: ControlContext) -> list[ControlResult]:
 
 
 def check_signature_absent(results: Sequence[ControlResult], ctx: ControlContext) -> ControlResult:
-    import re
+    """The same judgement as ``elastic-diag verify`` (core/verification.signature_line): no line of the
+    commands' output matches the failure's signature."""
+    from elastic_diag.core.verification import signature_line
 
     if not ctx.signature_patterns:
         return ControlResult("signature", True, "the failure has no signature lines to look for")
@@ -268,11 +266,10 @@ def check_signature_absent(results: Sequence[ControlResult], ctx: ControlContext
     if not ran:
         return ControlResult("signature", False, "needs a --diag-verify command that re-runs the failing input")
     for r in ran:
-        for pattern in ctx.signature_patterns:
-            m = re.search(pattern, r.output)
-            if m:
-                return ControlResult("signature", False, f"the failure's signature is still in {r.name!r}'s output: "
-                                                         f"{m.group(0)[:200]}")  # fmt: skip
+        line = signature_line(ctx.signature_patterns, r.output)
+        if line is not None:
+            return ControlResult("signature", False, f"the failure's signature is still in {r.name!r}'s output: "
+                                                     f"{line[:200]}")  # fmt: skip
     return ControlResult("signature", True, "the failure's signature is absent from the re-run")
 
 

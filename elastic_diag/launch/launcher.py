@@ -121,10 +121,12 @@ def elastic_launch(
     own launcher raises it, after report.json is written."""
 
     def launch(*args: Any) -> dict[int, Any]:
+        from elastic_diag.launch.relaunch import job_facts
         from elastic_diag.launch.setup import open_session
 
         settings = diag or DiagConfig.resolve()
-        session, config.logs_specs = open_session(settings, run_id=config.run_id or "", logs_specs=config.logs_specs)
+        session, config.logs_specs = open_session(settings, run_id=config.run_id or "", logs_specs=config.logs_specs,
+                                                  job=job_facts("api", settings))  # fmt: skip
         try:
             result = launch_agent(config, entrypoint, list(args), session=session)
         except ChildFailedError:

@@ -165,10 +165,13 @@ def select_diag_agent(run_id: str, started_by: str = f"torchrun --rdzv-backend {
         from elastic_diag.agent.agent import DiagAgent
         from elastic_diag.config import DiagConfig
         from elastic_diag.errors import UsageError
+        from elastic_diag.launch.relaunch import job_facts
         from elastic_diag.launch.setup import open_session
 
         try:
-            session, logs_specs = open_session(DiagConfig.resolve(), run_id=run_id, logs_specs=kwargs.get("logs_specs"))
+            config = DiagConfig.resolve()
+            session, logs_specs = open_session(config, run_id=run_id, logs_specs=kwargs.get("logs_specs"),
+                                               job=job_facts("torchrun", config))  # fmt: skip
         except UsageError as e:  # a bad setting: say which, and run as plain torchrun would
             logger.warning("elastic_diag: %s; the job runs WITHOUT diagnosis, as plain torchrun", e)
             return original(*args, **kwargs)

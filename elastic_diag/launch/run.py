@@ -165,7 +165,7 @@ def run_plain_torchrun(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def run_diagnosed(args: argparse.Namespace) -> int:
+def run_diagnosed(args: argparse.Namespace, argv: Sequence[str] | None = None) -> int:
     from torch.distributed.elastic.multiprocessing import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.elastic.multiprocessing.errors.error_handler import ErrorHandler
@@ -176,6 +176,7 @@ def run_diagnosed(args: argparse.Namespace) -> int:
     from elastic_diag.core.classify import classify_launch_error
     from elastic_diag.gate.policy import load_policy
     from elastic_diag.launch.launcher import launch_agent
+    from elastic_diag.launch.relaunch import job_facts
     from elastic_diag.launch.setup import open_session
     from elastic_diag.report.summary import print_summary
 
@@ -205,7 +206,8 @@ def run_diagnosed(args: argparse.Namespace) -> int:
     except (ValueError, RuntimeError, AssertionError) as e:
         raise UsageError(str(e)) from e
     session, launch_config.logs_specs = open_session(config, run_id=launch_config.run_id or "",
-                                                     logs_specs=launch_config.logs_specs)  # fmt: skip
+                                                     logs_specs=launch_config.logs_specs,
+                                                     job=job_facts("torchrun-diag", config, argv))  # fmt: skip
     if args.logs_specs:
         session.note(f"--logs-specs {args.logs_specs} was replaced by elastic_diag's own (it keeps every stream)")
     error_handler = ErrorHandler()
@@ -250,7 +252,8 @@ def run_diagnosed(args: argparse.Namespace) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = get_parser()
-    args = parser.parse_args(list(argv) if argv is not None else None)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = parser.parse_args(argv)
     if args.logs_specs is None and os.environ.get("PET_LOGS_SPECS"):  # the one torchrun flag torch reads no PET_ for
         args.logs_specs = os.environ["PET_LOGS_SPECS"]
     # ELASTIC_DIAG=1 turns diagnosis on under plain torchrun; torchrun-diag builds its own agent (and
@@ -259,7 +262,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.no_diag:
         return run_plain_torchrun(args)
     try:
-        return run_diagnosed(args)
+        return run_diagnosed(args, argv)
     except UsageError as e:
         print(f"torchrun-diag: error: {e}", file=sys.stderr)
         return EXIT_USAGE

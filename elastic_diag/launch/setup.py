@@ -13,6 +13,7 @@ import torch
 from elastic_diag._compat import torch_version_problem
 from elastic_diag.agent.logs_specs import DiagLogsSpecs
 from elastic_diag.config import ENV_TERMINATION_LOG, DiagConfig
+from elastic_diag.core.verification import JobFacts
 from elastic_diag.gate.policy import load_policy
 from elastic_diag.report.session import DiagSession
 from elastic_diag.report.termination import termination_log_problem
@@ -20,13 +21,17 @@ from elastic_diag.report.termination import termination_log_problem
 logger = logging.getLogger(__name__)
 
 
-def open_session(config: DiagConfig, *, run_id: str, logs_specs: object) -> tuple[DiagSession, DiagLogsSpecs]:
+def open_session(
+    config: DiagConfig, *, run_id: str, logs_specs: object, job: JobFacts | None = None
+) -> tuple[DiagSession, DiagLogsSpecs]:
     """The run's session (with its restart policy) and the LogsSpecs to launch with. Raises UsageError
-    for a policy that cannot be loaded or a diag dir that cannot be written."""
+    for a policy that cannot be loaded or a diag dir that cannot be written. ``job``: what the
+    verification commands re-run (launch/relaunch.py)."""
     policy = load_policy(config.restart_policy)
     config.check_writable()
     session = DiagSession(config, run_id=run_id)
     session.policy = policy
+    session.job = job
     if config.termination_log is not None and (why := termination_log_problem(config.termination_log)) is not None:
         text = (f"no termination message: {config.termination_log} cannot be written ({why}); set "
                 f"--diag-termination-log / {ENV_TERMINATION_LOG} to a writable file or 'off'")  # fmt: skip

@@ -35,6 +35,7 @@ from elastic_diag.core.log_lines import (
 )
 from elastic_diag.core.taxonomy import Taxonomy, load_taxonomy
 from elastic_diag.core.verdict import format_ranks
+from elastic_diag.core.verification import render
 from elastic_diag.layout import (
     ENV_NO_GREP,
     ENV_PREFILTER,
@@ -522,8 +523,10 @@ def format_analysis(a: Analysis, paint: Paint | None = None) -> str:
         out.append("  roles: " + "; ".join(f"{k} {format_ranks(v)}" for k, v in sorted(roles.items())))
     if d.fix:
         out.append(paint("  fix: ", "bold") + " ".join(d.fix.split()))
-    if d.verify:
-        out.append(paint("  verify: ", "bold") + d.verify)
+    plan = render(d.verify, None, evidence=d.evidence, live=False)
+    if plan is not None:
+        out.append(paint("  verify: ", "bold") + plan.command)
+        out.extend(f"    where {var} is {meaning}" for var, meaning in plan.variables.items())
     if a.context:
         out.append(f"  context ({len(a.context) - 1} lines before the decisive line):")
         out.extend(f"    | {line}" for line in a.context[-12:])

@@ -16,6 +16,7 @@ from elastic_diag.core.flight_recorder import RankRecord
 from elastic_diag.core.log_lines import SummaryFailure
 from elastic_diag.core.taxonomy import Signature
 from elastic_diag.core.verdict import Diagnosis
+from elastic_diag.core.verification import render_diagnosis
 from elastic_diag.layout import ANALYSIS_SCHEMA
 
 SCHEMA = ANALYSIS_SCHEMA
@@ -99,7 +100,7 @@ class Analysis:
         roles = self.diagnosis.roles
         return {
             "schema": SCHEMA,
-            "diagnosis": self.diagnosis.to_json(),
+            "diagnosis": render_diagnosis(self.diagnosis.to_json(), None, live=False),
             "ranks": [
                 {
                     "rank": r.rank,

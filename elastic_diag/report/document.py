@@ -16,6 +16,7 @@ from typing import Any
 from elastic_diag import redaction
 from elastic_diag.core.evidence import AttemptEvidence, RankEvidence
 from elastic_diag.core.verdict import AttemptStatus, Diagnosis
+from elastic_diag.core.verification import JobFacts, render_diagnosis
 from elastic_diag.layout import REPORT_SCHEMA
 
 SCHEMA = REPORT_SCHEMA
@@ -69,12 +70,12 @@ def rank_entry(ev: RankEvidence, role: str) -> dict[str, Any]:
     }
 
 
-def attempt_entry(record: AttemptRecord) -> dict[str, Any]:
+def attempt_entry(record: AttemptRecord, job: JobFacts | None = None) -> dict[str, Any]:
     roles = record.diagnosis.roles
     return {
         "attempt": record.evidence.attempt,
         "status": record.status,
-        "diagnosis": record.diagnosis.to_json(),
+        "diagnosis": render_diagnosis(record.diagnosis.to_json(), job, live=True),
         "ranks": [rank_entry(ev, roles.get(ev.rank, "unknown")) for ev in record.evidence.ranks],
         "final": record.final,
         **({"hang": record.evidence.hang} if record.evidence.hang else {}),
@@ -97,8 +98,11 @@ def build_report(
     warnings: Sequence[dict[str, Any]] = (),
     internal_errors: Sequence[str] = (),
     notes: Sequence[str] = (),
+    job: JobFacts | None = None,
 ) -> dict[str, Any]:
-    entries = [attempt_entry(a) for a in attempts]
+    """report.json. ``job``: what the verification commands re-run; every ``verify`` is filled in with it
+    (core/verification.py), with ``verify_plan`` beside it."""
+    entries = [attempt_entry(a, job) for a in attempts]
     last = entries[-1] if entries else None
     if status == "succeeded":
         diagnosis: dict[str, Any] = Diagnosis(
@@ -110,11 +114,16 @@ def build_report(
             rule="all_succeeded",
         ).to_json()
     elif launch_diagnosis is not None and (last is None or last["status"] != "failed" or status == "stopped"):
-        diagnosis = launch_diagnosis.to_json()
+        diagnosis = render_diagnosis(launch_diagnosis.to_json(), job, live=True)
     elif last is not None:
         diagnosis = dict(last["diagnosis"])
     else:
         diagnosis = Diagnosis(failure_class="unknown", summary="The run ended before any worker started.").to_json()
+    checklist = None
+    if status != "succeeded" and attempts:  # the seed's checklist for the attempt that ended the run
+        from elastic_diag.report.checklist import run_checklist
+
+        checklist = run_checklist(attempts[-1].evidence, diagnosis, job)
     return {
         "schema": SCHEMA,
         "run_id": run_id,
@@ -127,6 +136,8 @@ def build_report(
         "diag_dir": diag_dir,
         "internal_errors": list(internal_errors),
         "notes": list(notes),
+        **({"launch": job.to_json()} if job is not None else {}),  # additive: what a verification re-runs
+        **({"checklist": checklist} if checklist is not None else {}),  # additive: the seed's checklist
     }
 
 

@@ -133,7 +133,10 @@ def _verdict(report: dict[str, Any]) -> str:
     if d.get("fix"):
         rows.append(f"<dt>fix</dt><dd>{_e(' '.join(str(d['fix']).split()))}</dd>")
     if d.get("verify"):
-        rows.append(f'<dt>verify</dt><dd><code class="cmd">{_e(d["verify"])}</code></dd>')
+        plan = _dict(d.get("verify_plan"))
+        extra = f'<br><span class="muted">{_e(plan["expect"])}</span>' if plan.get("expect") else ""
+        extra += "".join(f"<br><code>{_e(k)}</code>: {_e(v)}" for k, v in _dict(plan.get("variables")).items())
+        rows.append(f'<dt>verify</dt><dd><code class="cmd">{_e(d["verify"])}</code>{extra}</dd>')
     evidence = _list(d.get("evidence"))
     if evidence:
         items = "".join(f"<li><code>{_e(line)}</code></li>" for line in evidence[:20])
@@ -145,6 +148,51 @@ def _verdict(report: dict[str, Any]) -> str:
         f'<section class="verdict{" ok" if ok else ""}" id="verdict"><div class="who">{who}: '
         f'<span class="cls">{_e(cls)}</span>{exc}</div><dl>{"".join(rows)}</dl></section>'
     )
+
+
+def _checklist(report: dict[str, Any]) -> str:
+    """The seed's checklist (report.json ``checklist``, report/checklist.py), in its order."""
+    items = _dict(report.get("checklist"))
+    if not items:
+        return ""
+    out = ['<section class="checklist" id="checklist"><h2>Checklist</h2><ol>']
+    for key in ("first_occurrence", "first_error", "flight_recorder", "verify", "resume"):
+        item = _dict(items.get(key))
+        if not item:
+            continue
+        body = ""
+        if not item.get("found"):
+            body = f'<span class="muted">{_e(item.get("why"))}</span>'
+        elif key == "first_occurrence":
+            where = f"{_e(item.get('file'))}" + (f":{_e(item['line_number'])}" if item.get("line_number") else "")
+            before = "\n".join(str(x) for x in _list(item.get("before")))
+            body = (f"rank {_e(item.get('rank'))} on {_e(item.get('node'))}, <code>{where}</code>:<br>"
+                    f"<code>{_e(item.get('line'))}</code><details><summary>the {len(_list(item.get('before')))} "
+                    f"lines before it</summary><pre>{_e(before)}</pre></details>")  # fmt: skip
+        elif key == "first_error":
+            body = (f"rank {_e(item.get('rank'))} on {_e(item.get('node'))} ({_e(item.get('device') or '')}) at "
+                    f"{_e(_when(item.get('time')))}: <code>{_e(item.get('line') or '')}</code> "
+                    f'<span class="muted">({_e(item.get("how"))})</span>')  # fmt: skip
+        elif key == "flight_recorder":
+            rows = "".join(f"<tr><td>{_e(r.get('rank'))}</td><td>{_e(r.get('group'))}</td>"
+                           f"<td>{_e(r.get('last_enqueued'))}</td><td>{_e(r.get('last_completed'))}</td>"
+                           f"<td>{_e(r.get('op') or '')}</td><td>{'yes' if r.get('in_flight') else ''}</td></tr>"
+                           for r in _list(item.get("ranks")) if isinstance(r, dict))  # fmt: skip
+            body = ("<table><tr><th>rank</th><th>group</th><th>last enqueued</th><th>last completed</th>"
+                    f"<th>that collective</th><th>in flight</th></tr>{rows}</table>")  # fmt: skip
+        elif key == "verify":
+            body = (f'<code class="cmd">{_e(item.get("command"))}</code><br>'
+                    f'<span class="muted">{_e(item.get("expect"))}</span>')  # fmt: skip
+            ran = _dict(report.get("verification"))
+            if ran:
+                body += (f"<br><b>{'passed' if ran.get('passed') else 'FAILED'}</b> "
+                         f"({_e(ran.get('started_at'))}): {_e(ran.get('summary'))}")  # fmt: skip
+        elif key == "resume":
+            body = (f"<code class=\"cmd\">{_e(item.get('command') or '')}</code> "
+                    f"<span class=\"muted\">{_e(item.get('checkpoint'))}; {_e(item.get('when'))}</span>")  # fmt: skip
+        out.append(f"<li><b>{_e(item.get('title'))}</b><br>{body}</li>")
+    out.append("</ol></section>")
+    return "".join(out)
 
 
 def _collective(d: dict[str, Any]) -> str:
@@ -352,6 +400,7 @@ def render_html(report: dict[str, Any], problems: Sequence[str] = (), source: st
         items = "".join(f"<li>{_e(p)}</li>" for p in problems)
         out.append(f'<section class="missing" id="missing"><b>Incomplete report</b><ul>{items}</ul></section>')
     out.append(_verdict(report))
+    out.append(_checklist(report))
     for w in _list(report.get("warnings")):
         if isinstance(w, dict):
             out.append(f'<p class="warn">warning ({_e(w.get("class"))}): {_e(w.get("summary"))}</p>')

@@ -21,7 +21,8 @@ from elastic_diag.core.findings import retryable_own_failure
 from elastic_diag.core.requeue import RequeueDecision, requeue_decision
 from elastic_diag.core.taxonomy import load_taxonomy
 from elastic_diag.core.verdict import AttemptStatus, Diagnosis, RunStatus, stopped_from_outside
-from elastic_diag.layout import PROGRESS_FILE, REPORT_FILE, attempt_dir_name, read_progress
+from elastic_diag.core.verification import JobFacts
+from elastic_diag.layout import PROGRESS_FILE, REPORT_FILE, attempt_dir_name, latest_checkpoint, read_progress
 from elastic_diag.report.document import AttemptRecord, build_report, write_json_atomic
 from elastic_diag.report.html import write_html
 from elastic_diag.report.termination import termination_message, write_termination_message
@@ -48,6 +49,7 @@ class DiagSession:
         self.stop: dict[str, Any] | None = None  # a stop from outside: who exited within the grace, where the rest were
         self.requeue: RequeueDecision | None = None  # with a requeue exit code: whether the run asks for a requeue
         self.termination_log: Path | None = config.termination_log  # None: no termination message
+        self.job: JobFacts | None = None  # what the verification commands re-run (launch/relaunch.py)
 
     @property
     def report_path(self) -> Path:
@@ -70,9 +72,8 @@ class DiagSession:
                                gate=self.gates.get(evidence.attempt), cluster=cluster,
                                environment=environment)  # fmt: skip
         self.attempts[evidence.attempt] = record
-        attempt_report = build_report(
-            run_id=self.run_id, status=status, attempts=[record], diag_dir=str(self.config.diag_dir), node=self.node
-        )
+        attempt_report = build_report(run_id=self.run_id, status=status, attempts=[record], node=self.node,
+                                      diag_dir=str(self.config.diag_dir), job=self.job_now())  # fmt: skip
         self._write(self.config.diag_dir / attempt_dir_name(evidence.attempt) / REPORT_FILE, attempt_report)
         self.write()
 
@@ -195,12 +196,22 @@ class DiagSession:
             warnings=self.warnings,
             internal_errors=self.internal_errors,
             notes=self.notes,
+            job=self.job_now(),
         )
         if self.stop is not None:  # additive fields (docs/report.md)
             report["stop"] = self.stop
         if self.requeue is not None:
             report["requeue"] = self.requeue.to_json()
         return report
+
+    def job_now(self) -> JobFacts | None:
+        """The job's facts with the newest checkpoint as it is now (the checkpoint a verification loads)."""
+        if self.job is None or self.config.checkpoint_dir is None:
+            return self.job
+        from dataclasses import replace
+
+        latest = latest_checkpoint(self.config.checkpoint_dir)
+        return replace(self.job, checkpoint=str(latest) if latest is not None else None)
 
     def write(self) -> dict[str, Any]:
         report = self.report()

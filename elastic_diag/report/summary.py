@@ -63,8 +63,19 @@ def format_summary(report: dict[str, Any], report_path: str, *, paint: Paint | N
                 lines.append("  roles: " + "; ".join(f"{k} {format_ranks(v)}" for k, v in sorted(roles.items())))
         if d.get("fix"):
             lines.append(paint("  fix: ", "bold") + " ".join(str(d["fix"]).split()))
+        checklist = report.get("checklist") or {}
+        first = checklist.get("first_occurrence") or {}
+        if first.get("found"):
+            where = str(first.get("file")) + (f":{first['line_number']}" if first.get("line_number") else "")
+            lines.append(f"  first occurrence: rank {first.get('rank')}, {where} (with the lines before it)")
         if d.get("verify"):
             lines.append(paint("  verify: ", "bold") + str(d["verify"]))
+            lines.append(
+                "    (exit 0 once the fix works; `elastic-diag verify DIAG_DIR` runs it and records the outcome)"
+            )
+        resume = checklist.get("resume") or {}
+        if resume.get("found") and resume.get("command"):
+            lines.append(paint("  resume (after the verification passes): ", "bold") + str(resume["command"]))
         if d.get("rule"):
             lines.append(f"  decided by: {d['rule']} (the order of the rules: docs/attribution.md)")
         if n > 1:

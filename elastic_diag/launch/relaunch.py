@@ -1,0 +1,123 @@
+"""The job's launch command, again, as the verification commands re-run it (core/verification.py's
+``<relaunch>``): the same launcher, options, script and arguments, with ``--max-restarts 0`` and a diag
+dir of its own (``<diag-dir>.verify``), so its report.json says whether the signature is gone.
+
+torchrun-diag: ``<bin>/torchrun-diag OPTIONS --max-restarts 0 --diag-dir D SCRIPT ARGS``. Plain
+torchrun with the switch: ``ELASTIC_DIAG...=... ELASTIC_DIAG_DIR=D <bin>/torchrun OPTIONS --max-restarts 0
+SCRIPT ARGS``. The Python API (``elastic_launch``) has no command line: no relaunch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Literal
+
+from elastic_diag.config import ENV_DIAG_DIR, DiagConfig
+from elastic_diag.core.verification import JobFacts
+
+Launcher = Literal["torchrun-diag", "torchrun", "api"]
+VERIFY_SUFFIX = ".verify"
+# launcher options the relaunch sets itself (each takes one value)
+_REPLACED = {"torchrun-diag": ("--max-restarts", "--max_restarts", "--diag-dir"),
+             "torchrun": ("--max-restarts", "--max_restarts")}  # fmt: skip
+
+
+def _program(name: str, module: str) -> list[str]:
+    """The launcher beside this interpreter (a venv's bin), else ``python -m module``."""
+    beside = Path(sys.executable).parent / name
+    if beside.is_file() and os.access(beside, os.X_OK):
+        return [str(beside)]
+    return [sys.executable, "-m", module]
+
+
+def _split(argv: Sequence[str], parser: argparse.ArgumentParser) -> tuple[list[str], list[str], argparse.Namespace]:
+    """(launcher options, script and its arguments, the parsed options). Raises ValueError."""
+    try:
+        args = parser.parse_args(list(argv))
+    except SystemExit as e:
+        raise ValueError("the command line does not parse") from e
+    rest = [args.training_script, *args.training_script_args]
+    start = len(argv) - len(rest)
+    if start < 0 or list(argv[start:]) != rest:
+        raise ValueError("the script is not where the parser says")
+    return list(argv[:start]), rest, args
+
+
+def _without(options: list[str], names: Sequence[str]) -> list[str]:
+    out: list[str] = []
+    skip = False
+    for opt in options:
+        if skip:
+            skip = False
+            continue
+        if opt in names:
+            skip = True
+            continue
+        if any(opt.startswith(n + "=") for n in names):
+            continue
+        out.append(opt)
+    return out
+
+
+def _port(args: argparse.Namespace) -> int | None:
+    endpoint = str(getattr(args, "rdzv_endpoint", "") or "")
+    if endpoint.rpartition(":")[2].isdigit() and int(endpoint.rpartition(":")[2]) > 0:
+        return int(endpoint.rpartition(":")[2])
+    port = getattr(args, "master_port", None)
+    return int(port) if isinstance(port, int) or (isinstance(port, str) and port.isdigit()) else None
+
+
+def _nnodes(args: argparse.Namespace) -> int:
+    try:
+        from torch.distributed.run import parse_min_max_nnodes
+
+        return int(parse_min_max_nnodes(str(args.nnodes))[1])
+    except Exception:
+        return 1
+
+
+def job_facts(launcher: Launcher, config: DiagConfig, argv: Sequence[str] | None = None) -> JobFacts:
+    """What the verification commands need to know of this job; never raises (a command line it cannot
+    read gives no relaunch, and the report writes ``$RELAUNCH`` with what to set it to)."""
+    cwd = os.getcwd()
+    verify_dir = str(config.diag_dir) + VERIFY_SUFFIX
+    common = {"cwd": cwd, "python": sys.executable, "logs": str(config.diag_dir),
+              "checkpoint_dir": str(config.checkpoint_dir) if config.checkpoint_dir else None}  # fmt: skip
+    if launcher == "api":
+        return JobFacts(**common)  # type: ignore[arg-type]
+    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        if launcher == "torchrun-diag":
+            from elastic_diag.launch.run import get_parser
+
+            options, rest, args = _split(argv, get_parser())
+            program = _program("torchrun-diag", "elastic_diag.run")
+            command = [*program, *_without(options, _REPLACED[launcher]), "--max-restarts", "0",
+                       "--diag-dir", verify_dir, *rest]  # fmt: skip
+            original = [*program, *_without(options, ("--diag-dir",)), *rest]
+            env: list[str] = []
+            original_env: list[str] = []
+        else:
+            from torch.distributed.run import get_args_parser
+
+            options, rest, args = _split(argv, get_args_parser())
+            program = _program("torchrun", "torch.distributed.run")
+            command = [*program, *_without(options, _REPLACED[launcher]), "--max-restarts", "0", *rest]
+            original = [*program, *options, *rest]
+            original_env = [f"{k}={shlex.quote(v)}" for k, v in sorted(os.environ.items())
+                            if k.startswith("ELASTIC_DIAG") and k != ENV_DIAG_DIR]  # fmt: skip
+            env = [*original_env, f"{ENV_DIAG_DIR}={shlex.quote(verify_dir)}"]
+    except ValueError:
+        return JobFacts(**common)  # type: ignore[arg-type]
+    relaunch = " ".join([*env, shlex.join(command)])
+    launch_command = " ".join([*original_env, shlex.join(original)])
+    python = None if getattr(args, "no_python", False) else sys.executable
+    return JobFacts(cwd=cwd, python=python or sys.executable, relaunch=relaunch, launch_command=launch_command,
+                    verify_dir=verify_dir,
+                    master_port=_port(args), logs=str(config.diag_dir), checkpoint_dir=common["checkpoint_dir"],
+                    nnodes=_nnodes(args))  # fmt: skip
