@@ -6,6 +6,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -23,6 +24,18 @@ ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "train_ddp.py"
 
 
+PLACEHOLDER = re.compile(r"<[a-z][a-z-]*>")
+
+
+def commands(report: dict[str, Any]) -> list[str]:
+    """Every command a report prints for a person to run: verify (the run's and each attempt's), resume."""
+    found = [report["diagnosis"].get("verify")]
+    found += [a["diagnosis"].get("verify") for a in report.get("attempts", [])]
+    checklist = report.get("checklist") or {}
+    found += [checklist.get(k, {}).get("command") for k in ("verify", "resume")]
+    return [c for c in found if c]
+
+
 @dataclass
 class Run:
     returncode: int
@@ -33,10 +46,33 @@ class Run:
 
     @property
     def report(self) -> dict[str, Any]:
-        """report.json, checked against the schema it names (elastic_diag/report/schemas/)."""
+        """report.json, checked against the schema it names (elastic_diag/report/schemas/); a live report's
+        verification and resume commands must hold no ``<...>`` placeholder (they run as printed)."""
         data: dict[str, Any] = json.loads((self.diag_dir / "report.json").read_text())
         validate(data)
+        if "launch" in data:
+            left = [c for c in commands(data) if PLACEHOLDER.search(c)]
+            assert not left, left
         return data
+
+    def verify(self, timeout: float = 120) -> tuple[int, dict[str, Any], str]:
+        """``elastic-diag verify`` on this run, as a user would after it: (exit status, report.json's
+        ``verification``, its stdout). Kills what the re-run left behind."""
+        argv = [sys.executable, "-m", "elastic_diag.cli", "verify", str(self.diag_dir), "--timeout", str(timeout)]
+        try:
+            p = subprocess.run(argv, capture_output=True, text=True, timeout=timeout + 60, cwd=ROOT,
+                               env={**os.environ, "OMP_NUM_THREADS": "1"}, start_new_session=True)  # fmt: skip
+        finally:
+            kill_leftovers(Path(str(self.diag_dir) + ".verify"))
+        return p.returncode, self.report.get("verification", {}), p.stdout + p.stderr
+
+    def assert_verify_reproduces(self, timeout: float = 120) -> dict[str, Any]:
+        """The report's verification, run as printed on the unchanged job, fails the way the page says
+        (exit 1: the signature is still there), and the outcome is recorded."""
+        code, v, out = self.verify(timeout)
+        assert code == 1 and v and not v["passed"], out[-3000:]
+        assert v["rerun_status"] == "failed" and "still there" in v["summary"], v["summary"]
+        return v
 
     def rank(self, rank: int) -> dict[str, Any]:
         return next(r for r in self.report["ranks"] if r["rank"] == rank)

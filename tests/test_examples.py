@@ -133,6 +133,8 @@ def test_example_injection_gives_its_class(tmp_path, script, inject, ranks, flag
         assert run.returncode == 0 and report["status"] == "succeeded", run.stderr[-3000:]
         warned = [(w["class"], w["rank"]) for w in report["warnings"]]
         assert warned == ([("straggler", culprit)] if expected == "straggler" else []), report["warnings"]
+        code, v, out = run.verify()
+        assert code == 0 and v["passed"] and "nothing to verify" in v["summary"], out
         return
     assert run.returncode == 1, run.stderr[-3000:]
     assert d["failure_class"] == expected, d
@@ -145,3 +147,5 @@ def test_example_injection_gives_its_class(tmp_path, script, inject, ranks, flag
         entry = run.rank(culprit)
         kept = "\n".join([*entry["last_lines"], str(entry["exception"]), *d["evidence"]])
         assert CULPRIT_LINE[inject] in kept, kept
+    # the verification, run as printed on the unchanged job, fails the same way (the page says so)
+    run.assert_verify_reproduces()

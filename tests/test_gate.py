@@ -160,6 +160,8 @@ def test_transient_failure_is_verified_then_restarted(tmp_path):
     first = rep["attempts"][0]["diagnosis"]
     assert (first["initiating_rank"], first["failure_class"]) == (1, "python_exception")
     assert (tmp_path / "attempt_0" / "report.json").exists() and (tmp_path / "attempt_1" / "report.json").exists()
+    code, v, out = run.verify()  # the run succeeded (after the restart): nothing left to verify
+    assert code == 0 and "nothing to verify" in v["summary"], out
     # the resumed attempt was told it is one, and what failed before
     assert rep["attempts"][1]["came_up"] is True
 

@@ -49,6 +49,7 @@ def test_hang_outside_collectives_is_detected_before_the_collective_timeout(tmp_
     for r in range(3):
         fr = json.loads((tmp_path / "d" / "attempt_0" / f"rank_{r}" / "fr_trace.json").read_text())
         assert fr["reason"] == "hang-request"
+    run.assert_verify_reproduces()
 
 
 @live
@@ -61,6 +62,7 @@ def test_a_rank_that_leaves_the_collective_schedule_is_named(tmp_path, inject):
     assert d["signature_id"] == "collective-schedule-diverged"
     assert "train_ddp.py:" in d["summary"]  # the culprit's source line
     assert any(line.startswith("ranks 0, 1 were at") or line.startswith("rank 0:") for line in d["evidence"])
+    run.assert_verify_reproduces()
 
 
 @live
@@ -74,6 +76,7 @@ def test_shape_mismatch_names_the_rank_and_both_sides(tmp_path):
     assert {sides[str(r)] for r in (0, 1)} == {"all_reduce sizes [[1]] Float"}
     assert "train_ddp.py" in d["collective"]["source"][str(CULPRIT)]
     assert run.seconds < 120
+    run.assert_verify_reproduces()
 
 
 @live
@@ -87,6 +90,7 @@ def test_fsdp2_nan_names_the_rank_whose_loss_went_non_finite_first(tmp_path):
     assert d["collateral_ranks"] == [0, 1]
     # each rank raised on its own (some are SIGTERMed by the teardown while their interpreter exits)
     assert all("non-finite" in (run.rank(r)["exception"] or {}).get("message", "") for r in range(3))
+    run.assert_verify_reproduces()
 
 
 @live
@@ -100,6 +104,8 @@ def test_a_straggler_is_a_warning_not_a_hang(tmp_path):
     stragglers = [w for w in rep["warnings"] if w["class"] == "straggler"]
     assert [w["rank"] for w in stragglers] == [CULPRIT], rep["warnings"]
     assert "warning (straggler): rank 2" in run.stderr
+    code, v, out = run.verify()
+    assert code == 0 and "nothing to verify" in v["summary"], out
 
 
 @live
@@ -112,6 +118,8 @@ def test_a_slow_first_step_raises_nothing_with_the_automatic_threshold(tmp_path)
     rep = run.report
     assert rep["status"] == "succeeded" and rep["warnings"] == []
     assert "hang" not in rep["attempts"][-1]
+    code, v, out = run.verify()
+    assert code == 0 and "nothing to verify" in v["summary"], out
 
 
 @live
@@ -130,6 +138,7 @@ def test_a_rank_holding_the_gil_is_dumped_by_signal_and_the_missing_evidence_is_
     if find_py_spy() is not None:  # native frames too (py-spy is in the test extra)
         native = (tmp_path / "attempt_0" / f"rank_{CULPRIT}" / "pyspy.txt").read_text()
         assert "sre" in native.lower() or "match" in native, native[:2000]
+    run.assert_verify_reproduces()
 
 
 class Clock:

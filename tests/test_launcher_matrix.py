@@ -62,6 +62,8 @@ def test_fault_matrix_names_the_culprit(tmp_path, inject, cls, exc_type, culprit
     # every rank's streams are kept, and the console still showed them
     assert (tmp_path / "attempt_0" / f"rank_{CULPRIT}" / "stderr.log").exists()
     assert "[default0]:step 0 loss" in run.stdout
+    # the verification, run as printed on the unchanged job, fails the same way (the page says so)
+    run.assert_verify_reproduces()
 
 
 def test_healthy_run_raises_no_alarm(tmp_path):
@@ -72,6 +74,8 @@ def test_healthy_run_raises_no_alarm(tmp_path):
     assert report["diagnosis"]["initiating_rank"] is None and report["warnings"] == []
     assert [r["role"] for r in report["ranks"]] == ["healthy"] * 3
     assert "FAILED" not in run.stderr and "job succeeded" in run.stderr
+    code, v, out = run.verify()
+    assert code == 0 and "nothing to verify" in v["summary"], out
 
 
 def _torchrun_root_cause(stderr: str) -> int:

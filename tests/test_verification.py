@@ -124,6 +124,10 @@ def test_judge():
     other = judge(exit_code=1, timed_out=False, seen_line=None, rerun_report={"status": "failed", "diagnosis": {
         "signature_id": "segfault", "failure_class": "segfault", "summary": "Rank 0 SIGSEGV"}}, **kw)  # fmt: skip
     assert not other.passed and "gone, but" in other.summary
+    again = judge(exit_code=1, timed_out=False, seen_line=None, initiating_rank=1, rerun_report={"status": "failed",
+                  "diagnosis": {"signature_id": "collective-mismatch", "failure_class": "collective_mismatch",
+                                "initiating_rank": 1, "summary": "Rank 1 ..."}}, **kw)  # fmt: skip
+    assert not again.passed and "still there" in again.summary and "rank 1 again" in again.summary
     assert not judge(exit_code=0, timed_out=False, seen_line="ValueError: x", rerun_report=None, **kw).passed
     assert not judge(exit_code=None, timed_out=True, seen_line=None, rerun_report=None, **kw).passed
     assert not judge(exit_code=3, timed_out=False, seen_line=None, rerun_report=None, **kw).passed

@@ -239,9 +239,12 @@ def signature_line(patterns: Sequence[str], text: str) -> str | None:
 
 
 def judge(*, exit_code: int | None, timed_out: bool, timeout_s: float, signature_id: str | None,
-          seen_line: str | None, rerun_report: Mapping[str, Any] | None) -> Judgement:  # fmt: skip
+          seen_line: str | None, rerun_report: Mapping[str, Any] | None,
+          initiating_rank: int | None = None) -> Judgement:  # fmt: skip
     """Passed only when the command exited 0 within its deadline and the signature is gone (from its
-    output and, for a relaunch, from the re-run's own verdict)."""
+    output and, for a relaunch, from the re-run's own verdict). A re-run that fails on the same rank
+    under another signature (a verify that turns on TORCH_DISTRIBUTED_DEBUG=DETAIL makes a schedule
+    desync fail fast as a mismatch) is the same failure, still there."""
     rerun = dict((rerun_report or {}).get("diagnosis") or {})
     rerun_failed = rerun_report is not None and rerun_report.get("status") != "succeeded"
     same = bool(rerun_failed and signature_id and rerun.get("signature_id") == signature_id)
@@ -250,6 +253,10 @@ def judge(*, exit_code: int | None, timed_out: bool, timeout_s: float, signature
         return Judgement(False, f"the signature {signature_id} is still there: the re-run failed the same way"
                          + (f" (rank {who})" if who is not None else "") + f": {rerun.get('summary', '')}"[:600],
                          signature_seen=str(rerun.get("summary") or signature_id))  # fmt: skip
+    if rerun_failed and initiating_rank is not None and rerun.get("initiating_rank") == initiating_rank:
+        now = f"{rerun.get('failure_class')} ({rerun.get('signature_id')}): {rerun.get('summary', '')}"
+        return Judgement(False, f"the failure is still there: the re-run fails on rank {initiating_rank} again, "
+                         f"now as {now}"[:600], signature_seen=str(rerun.get("summary") or ""))  # fmt: skip
     if seen_line is not None:
         return Judgement(False, f"the signature {signature_id or ''} is still in the output: {seen_line}",
                          signature_seen=seen_line)  # fmt: skip

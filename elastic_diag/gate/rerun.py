@@ -216,8 +216,10 @@ def verify_diag_dir(diag_dir: Path, *, timeout_s: float = DEFAULT_TIMEOUT_S) -> 
                 rerun = None
         patterns = signature_patterns(d.get("signature_id"))
         seen = signature_line(patterns, run.head) or signature_line(patterns, run.tail)
+        rank = d.get("initiating_rank") if isinstance(d.get("initiating_rank"), int) else None
         verdict = judge(exit_code=run.exit_code, timed_out=run.timed_out, timeout_s=timeout_s,
-                        signature_id=d.get("signature_id"), seen_line=seen, rerun_report=rerun)  # fmt: skip
+                        signature_id=d.get("signature_id"), seen_line=seen, rerun_report=rerun,
+                        initiating_rank=rank)  # fmt: skip
         record = {
             "passed": verdict.passed,
             "summary": verdict.summary,
