@@ -95,6 +95,30 @@ CULPRIT_LINE = {
 }
 
 
+# injection -> the test that runs its report's verification as printed (elastic-diag verify), once per
+# injection name: here for every case of HERE, else in the test that runs the injection
+VERIFIED_BY = {
+    **{inject: "test_examples.py::test_example_injection_gives_its_class" for _, inject, *_ in HERE},
+    **{inject: MATRIX for inject in ("segfault", "sigkill", "exit", "memoryerror")},
+    "exception-after-cleanup": "test_rendezvous.py::test_the_switch_under_torchrun_standalone_gives_the_same_verdict",
+    "transient": RUN_ELSEWHERE[("train_ddp.py", "transient")],
+    "deadlock": HANGS, "infinite-loop": HANGS, "unused-layer": SCHEDULES,
+    "regex-hang": RUN_ELSEWHERE[("train_ddp.py", "regex-hang")],
+    "slow-first-step": RUN_ELSEWHERE[("train_ddp.py", "slow-first-step")],
+}  # fmt: skip
+
+
+def test_every_injection_has_its_verification_run_by_a_test():
+    names = {inject for table in TABLES.values() for inject in table}
+    assert names == set(VERIFIED_BY), names ^ set(VERIFIED_BY)
+    for inject, where in VERIFIED_BY.items():
+        test_file, test_name = where.split("::")
+        source = (ROOT / "tests" / test_file).read_text()
+        body = source[source.index(f"def {test_name}(") :]
+        body = body[: body.find("\ndef ", 1)]
+        assert "assert_verify_reproduces()" in body or "run.verify()" in body, (inject, where)
+
+
 def test_every_injection_of_both_examples_is_run_by_a_test():
     here = {(case[0], case[1]) for case in HERE}
     assert set(FAULTS.INJECTIONS) <= set(DDP.INJECTIONS) and set(FAULTS.INJECTIONS) == set(FSDP2.INJECTIONS)

@@ -62,7 +62,8 @@ def test_a_rank_that_leaves_the_collective_schedule_is_named(tmp_path, inject):
     assert d["signature_id"] == "collective-schedule-diverged"
     assert "train_ddp.py:" in d["summary"]  # the culprit's source line
     assert any(line.startswith("ranks 0, 1 were at") or line.startswith("rank 0:") for line in d["evidence"])
-    run.assert_verify_reproduces()
+    if inject == "unused-layer":  # skip- and extra-collective: their verification runs in test_examples (FSDP2)
+        run.assert_verify_reproduces()
 
 
 @live
@@ -75,8 +76,7 @@ def test_shape_mismatch_names_the_rank_and_both_sides(tmp_path):
     assert sides[str(CULPRIT)] == "all_reduce sizes [[2]] Float"
     assert {sides[str(r)] for r in (0, 1)} == {"all_reduce sizes [[1]] Float"}
     assert "train_ddp.py" in d["collective"]["source"][str(CULPRIT)]
-    assert run.seconds < 120
-    run.assert_verify_reproduces()
+    assert run.seconds < 120  # its verification runs in test_examples (FSDP2's shape-mismatch)
 
 
 @live
@@ -90,7 +90,7 @@ def test_fsdp2_nan_names_the_rank_whose_loss_went_non_finite_first(tmp_path):
     assert d["collateral_ranks"] == [0, 1]
     # each rank raised on its own (some are SIGTERMed by the teardown while their interpreter exits)
     assert all("non-finite" in (run.rank(r)["exception"] or {}).get("message", "") for r in range(3))
-    run.assert_verify_reproduces()
+    # its verification runs in test_examples (DDP's nan)
 
 
 @live

@@ -56,6 +56,17 @@ def test_the_switch_under_torchrun_standalone_gives_the_same_verdict(tmp_path):
     assert message.startswith("elastic_diag: job FAILED: initiating rank 2 on ") and len(message.encode()) <= 4096
     assert "python_exception (ValueError, signature python-exception)" in message
     assert message.endswith(f"Report: {tmp_path / 'report.json'}")
+    # the verification relaunches plain torchrun with the switch, its settings and a diag dir of its own
+    relaunch = run.report["launch"]["relaunch"]
+    assert (
+        relaunch.startswith("ELASTIC_DIAG=1 ELASTIC_DIAG_GRACE=10 ")
+        and f"ELASTIC_DIAG_DIR={tmp_path}.verify " in relaunch
+    )
+    assert (
+        "/torchrun --standalone --nproc-per-node 3 --max-restarts 0 " in relaunch or "torch.distributed.run" in relaunch
+    )
+    v = run.assert_verify_reproduces()
+    assert v["rerun_report"] == f"{tmp_path}.verify/report.json"
 
 
 def test_the_switch_under_the_static_backend_and_not_under_an_invalid_value(tmp_path):

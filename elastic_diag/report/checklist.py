@@ -248,17 +248,17 @@ def signature_checklist(sig: Signature) -> list[tuple[str, list[str]]]:
         (
             TITLES[2][1],
             [
-                "TORCH_FR_BUFFER_SIZE=2000 TORCH_NCCL_DUMP_ON_TIMEOUT=1 in the job's environment: "
-                "torchrun-diag then takes every rank's dump and compares the collective schedules"
+                "export TORCH_FR_BUFFER_SIZE=2000 TORCH_NCCL_DUMP_ON_TIMEOUT=1  # in the job's environment",
+                "then torchrun-diag takes every rank's dump at the failure and compares the collective schedules",
             ],
         ),
         (TITLES[3][1], [plan.command if plan else sig.verify, plan.expect if plan else ""]),
         (
             TITLES[4][1],
             [
-                f"with --diag-checkpoint-dir DIR, the restart gate passes the newest checkpoint as "
-                f"{ENV_RESUME_FROM} after its controls pass; by hand: "
-                f'{ENV_RESUME_FROM}="$CHECKPOINT" $LAUNCH, after the verification exits 0'
+                f'{ENV_RESUME_FROM}="$CHECKPOINT" $LAUNCH  # only after the verification exits 0',
+                f"with --diag-checkpoint-dir DIR the restart gate does this itself: it passes the newest checkpoint "
+                f"as {ENV_RESUME_FROM} once its controls pass",
             ],
         ),
         (
