@@ -197,6 +197,7 @@ def test_relaunch_under_the_switch_keeps_the_switch_and_moves_the_diag_dir(tmp_p
     monkeypatch.setenv("ELASTIC_DIAG", "1")
     monkeypatch.setenv("ELASTIC_DIAG_GRACE", "2")
     monkeypatch.setenv("ELASTIC_DIAG_DIR", str(tmp_path / "d"))
+    monkeypatch.setenv("ELASTIC_DIAG_REQUIRE_SLURM", "1")  # a test suite's own switch: not the job's
     config = DiagConfig(diag_dir=tmp_path / "d")
     facts = job_facts("torchrun", config, ["--standalone", "--nproc-per-node=2", "--rdzv-endpoint", "h:29601", "t.py"])
     assert facts.relaunch is not None

@@ -17,12 +17,20 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Literal
 
+from elastic_diag import config as settings
 from elastic_diag.config import ENV_DIAG_DIR, DiagConfig
 from elastic_diag.core.verification import JobFacts
+from elastic_diag.layout import ENV_BEACON, ENV_SWITCH
 
 Launcher = Literal["torchrun-diag", "torchrun", "api"]
 VERIFY_SUFFIX = ".verify"
 # launcher options the relaunch sets itself (each takes one value)
+# the switch's settings a relaunch under plain torchrun carries (not the diag dir: it gets its own; not
+# the variables of tests or of the ranks' own plumbing)
+SWITCH_SETTINGS = (ENV_SWITCH, settings.ENV_GRACE, settings.ENV_STACK_TIMEOUT, settings.ENV_HANG_TIMEOUT,
+                   settings.ENV_RESTART_POLICY, settings.ENV_VERIFY, settings.ENV_CHECKPOINT_DIR,
+                   settings.ENV_VERIFY_TIMEOUT, settings.ENV_CONFIG, settings.ENV_REQUEUE_EXIT_CODE,
+                   settings.ENV_TERMINATION_LOG, ENV_BEACON)  # fmt: skip
 _REPLACED = {"torchrun-diag": ("--max-restarts", "--max_restarts", "--diag-dir"),
              "torchrun": ("--max-restarts", "--max_restarts")}  # fmt: skip
 
@@ -109,8 +117,7 @@ def job_facts(launcher: Launcher, config: DiagConfig, argv: Sequence[str] | None
             program = _program("torchrun", "torch.distributed.run")
             command = [*program, *_without(options, _REPLACED[launcher]), "--max-restarts", "0", *rest]
             original = [*program, *options, *rest]
-            original_env = [f"{k}={shlex.quote(v)}" for k, v in sorted(os.environ.items())
-                            if k.startswith("ELASTIC_DIAG") and k != ENV_DIAG_DIR]  # fmt: skip
+            original_env = [f"{k}={shlex.quote(os.environ[k])}" for k in SWITCH_SETTINGS if k in os.environ]
             env = [*original_env, f"{ENV_DIAG_DIR}={shlex.quote(verify_dir)}"]
     except ValueError:
         return JobFacts(**common)  # type: ignore[arg-type]
