@@ -3,6 +3,7 @@
     python benchmarks/launcher.py overhead [--rounds 6] [--steps 60] [--against torchrun|no-health]
     python benchmarks/launcher.py latency [--repeats 2]
     python benchmarks/launcher.py beacon-cost
+    python benchmarks/launcher.py phases [--pairs 10] [--steps 400] [--nproc 4]
 
 beacon-cost: in one process, the progress beacon's added work measured directly: a tiny model's
 backward + optimizer step with and without the beacon's hooks (interleaved blocks), and the CPU
@@ -15,6 +16,12 @@ steps, per launcher, their ratio, and the ratio of the per-round medians' median
 ``--against no-health`` the baseline is torchrun-diag itself with ``--diag-hang-timeout off`` (no
 health monitor in the agent, no progress beacon in the workers): the health monitor's own cost. The
 agent's own CPU time (all its threads, not its workers) is printed for each launcher.
+
+phases: the whole-run wall time of a short healthy DDP job (400 steps of a few ms: no step sleep,
+width 64) under plain torchrun and torchrun-diag, interleaved pairs (the order alternates), and the
+phases a user waits for, timed from outside on the console: launcher start to the first rank's first
+step line, first to last step line (training), last step line to the launcher's exit (the tail:
+the ranks' exit, the report, the teardown); with each run's CPU seconds (launcher and workers).
 
 latency: for each crash class, the culprit writes time.time() just before failing (--mark-file);
 this process polls <diag-dir>/report.json every 5 ms and notes when a failed verdict naming the
@@ -201,6 +208,56 @@ def latency(repeats: int, grace: float) -> None:
     )
 
 
+def _timed_run(argv: list[str], steps: int) -> dict[str, float]:
+    """One run; the phases from the console lines' arrival times, and the CPU of the whole tree."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    before = os.times()
+    t0 = time.monotonic()
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=ROOT)
+    first = last = None
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        if "step 0 loss" in line and first is None:
+            first = time.monotonic() - t0
+        if f"step {steps - 1} loss" in line:
+            last = time.monotonic() - t0
+    code = proc.wait()
+    end = time.monotonic() - t0
+    after = os.times()
+    if code != 0 or first is None or last is None:
+        raise SystemExit(f"{argv[2]}: exit {code}, first step line {first}, last {last}")
+    cpu = (after.children_user - before.children_user) + (after.children_system - before.children_system)
+    return {"start": first, "training": last - first, "tail": end - last, "total": end, "cpu": cpu}
+
+
+def phases(pairs: int, steps: int, nproc: int) -> None:
+    job = [str(EXAMPLE), "--steps", str(steps), "--step-sleep", "0", "--width", "64"]
+    common = ["--standalone", "--nproc-per-node", str(nproc)]
+    launchers = {"torchrun": [sys.executable, "-m", "torch.distributed.run", *common, *job]}
+    results: dict[str, list[dict[str, float]]] = {"torchrun": [], "torchrun-diag": []}
+    with tempfile.TemporaryDirectory() as tmp:
+        for i in range(pairs):
+            launchers["torchrun-diag"] = [sys.executable, "-m", "elastic_diag.run", *common, "--diag-dir",
+                                          f"{tmp}/run{i}", *job]  # fmt: skip
+            order = ["torchrun", "torchrun-diag"] if i % 2 == 0 else ["torchrun-diag", "torchrun"]
+            for name in order:
+                results[name].append(_timed_run(launchers[name], steps))
+            print(f"pair {i + 1}/{pairs}: " + ", ".join(f"{n} {results[n][-1]['total']:.2f} s" for n in order),
+                  flush=True)  # fmt: skip
+    ratios = [d["total"] / p["total"] for p, d in zip(results["torchrun"], results["torchrun-diag"], strict=True)]
+    print(f"\n{nproc} ranks, {steps} steps, {pairs} interleaved pairs; medians, seconds")
+    print(f"{'phase':<34}{'torchrun':>10}{'torchrun-diag':>15}{'diff':>8}")
+    labels = {"start": "launcher start -> first step line", "training": "first -> last step line",
+              "tail": "last step line -> launcher exit", "total": "whole run",
+              "cpu": "CPU seconds (all processes)"}  # fmt: skip
+    for key, label in labels.items():
+        a = statistics.median(r[key] for r in results["torchrun"])
+        b = statistics.median(r[key] for r in results["torchrun-diag"])
+        print(f"{label:<34}{a:>10.2f}{b:>15.2f}{b - a:>+8.2f}")
+    print(f"median ratio of the whole run (per pair): {statistics.median(ratios):.3f} (target <= 1.02); "
+          f"pairs: {', '.join(f'{r:.3f}' for r in ratios)}")  # fmt: skip
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="what", required=True)
@@ -210,6 +267,10 @@ def main() -> None:
     o.add_argument("--width", type=int, default=1024)
     o.add_argument("--against", choices=("torchrun", "no-health"), default="torchrun")
     sub.add_parser("beacon-cost")
+    ph = sub.add_parser("phases")
+    ph.add_argument("--pairs", type=int, default=10)
+    ph.add_argument("--steps", type=int, default=400)
+    ph.add_argument("--nproc", type=int, default=4)
     lat = sub.add_parser("latency")
     lat.add_argument("--repeats", type=int, default=2)
     lat.add_argument("--grace", type=float, default=5.0)
@@ -218,6 +279,8 @@ def main() -> None:
         overhead(a.rounds, a.steps, a.width, a.against)
     elif a.what == "beacon-cost":
         beacon_cost()
+    elif a.what == "phases":
+        phases(a.pairs, a.steps, a.nproc)
     else:
         latency(a.repeats, a.grace)
 
