@@ -14,6 +14,7 @@ import os
 import sys
 import textwrap
 from collections.abc import Sequence
+from pathlib import Path
 
 from elastic_diag.errors import EXIT_FAILED, EXIT_OK, EXIT_USAGE, ElasticDiagError
 
@@ -52,8 +53,6 @@ def explain_text(sid: str) -> str:
 
 
 def _cmd_signatures(args: argparse.Namespace) -> int:
-    from pathlib import Path
-
     from elastic_diag.core.taxonomy import load_taxonomy
 
     if args.write_docs:
@@ -100,16 +99,22 @@ def _cmd_analyze(args: argparse.Namespace) -> int:
     return EXIT_FAILED if analysis.failure_seen else EXIT_OK
 
 
-def _cmd_report(args: argparse.Namespace) -> int:
-    from pathlib import Path
-
-    from elastic_diag.report.html import write_html
-
-    diag_dir = Path(args.diag_dir)
+def _diag_dir(arg: str) -> Path | None:
+    """A diag dir given as the folder or its report.json; None (and the error said) when there is none."""
+    diag_dir = Path(arg)
     if diag_dir.is_file() and diag_dir.name.endswith(".json"):
         diag_dir = diag_dir.parent
     if not diag_dir.is_dir():
-        print(f"elastic-diag: error: no such folder: {args.diag_dir}", file=sys.stderr)
+        print(f"elastic-diag: error: no such folder: {arg}", file=sys.stderr)
+        return None
+    return diag_dir
+
+
+def _cmd_report(args: argparse.Namespace) -> int:
+    from elastic_diag.report.html import write_html
+
+    diag_dir = _diag_dir(args.diag_dir)
+    if diag_dir is None:
         return EXIT_USAGE
     path, problems = write_html(diag_dir)
     for p in problems:
@@ -119,16 +124,11 @@ def _cmd_report(args: argparse.Namespace) -> int:
 
 
 def _cmd_verify(args: argparse.Namespace) -> int:
-    from pathlib import Path
-
     from elastic_diag.gate.rerun import verify_diag_dir
     from elastic_diag.report.terminal import Progress
 
-    diag_dir = Path(args.diag_dir)
-    if diag_dir.is_file() and diag_dir.name.endswith(".json"):
-        diag_dir = diag_dir.parent
-    if not diag_dir.is_dir():
-        print(f"elastic-diag: error: no such folder: {args.diag_dir}", file=sys.stderr)
+    diag_dir = _diag_dir(args.diag_dir)
+    if diag_dir is None:
         return EXIT_USAGE
     if not 1 <= args.timeout <= 86_400:
         print(f"elastic-diag: error: --timeout {args.timeout:g}: must be between 1 and 86400 seconds", file=sys.stderr)

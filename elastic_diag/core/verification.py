@@ -146,10 +146,6 @@ def _values(facts: JobFacts | None, evidence: Sequence[str]) -> dict[str, str]:
     return values
 
 
-def _split_steps(command: str) -> list[str]:
-    return [s for s in re.split(r"\s+&&\s+", command)]
-
-
 def render(template: str | None, facts: JobFacts | None, *, evidence: Sequence[str] = (), live: bool,
            retryable: bool | None = None) -> VerifyPlan | None:  # fmt: skip
     """The template with every known value filled in. Live, a ``&&`` step whose value is unknown is left
@@ -161,7 +157,7 @@ def render(template: str | None, facts: JobFacts | None, *, evidence: Sequence[s
         return VerifyPlan(command=template, expect=EXPECT + ".")
     body, sep, comment = template.partition("  # ")
     values = _values(facts, evidence)
-    steps = _split_steps(body.strip())
+    steps = re.split(r"\s+&&\s+", body.strip())
     left_out: list[str] = []
     if live and len(steps) > 1:
         kept = []

@@ -57,17 +57,15 @@ def _push(buf: deque[bytes], size: int, chunk: bytes, limit: int) -> int:
 
 
 class _BoundedSink:
-    """Keeps the first ``LOG_LIMIT // 2`` bytes and the last ``TAIL_LIMIT`` in memory, writes at most
-    ``LOG_LIMIT`` to the log (head, a line saying how much was left out, tail)."""
+    """Keeps the first and the last ``LOG_LIMIT // 2`` bytes in memory and writes them to the log, with
+    a line between them saying how much was left out."""
 
     def __init__(self, log: IO[bytes] | None) -> None:
         self.log = log
         self.total = 0
         self.head = bytearray()
-        self.tail: deque[bytes] = deque()
+        self.tail: deque[bytes] = deque()  # whole chunks holding at least the last LOG_LIMIT // 2 bytes
         self.tail_bytes = 0
-        self.log_tail: deque[bytes] = deque()  # the last LOG_LIMIT // 2 bytes, for the log's end
-        self.log_tail_bytes = 0
         self.closed = False
 
     def add(self, chunk: bytes) -> None:
@@ -80,23 +78,14 @@ class _BoundedSink:
             if self.log is not None:
                 self.log.write(chunk[:room])
             chunk = chunk[room:]
-        if not chunk:
-            return
-        for buf, limit, attr in (
-            (self.tail, TAIL_LIMIT, "tail_bytes"),
-            (self.log_tail, LOG_LIMIT // 2, "log_tail_bytes"),
-        ):
-            buf.append(chunk)
-            size = getattr(self, attr) + len(chunk)
-            while size - len(buf[0]) >= limit:
-                size -= len(buf.popleft())
-            setattr(self, attr, size)
+        if chunk:
+            self.tail_bytes = _push(self.tail, self.tail_bytes, chunk, LOG_LIMIT // 2)
 
     def close(self) -> None:
         self.closed = True
         if self.log is None:
             return
-        end = b"".join(self.log_tail)
+        end = b"".join(self.tail)[-(LOG_LIMIT // 2) :]
         kept = len(self.head) + len(end)
         if self.total > kept:
             self.log.write(f"\n[elastic_diag: {self.total - kept} bytes of output left out here]\n".encode())
@@ -104,7 +93,15 @@ class _BoundedSink:
         self.log.close()
 
     def text_tail(self) -> str:
-        data = b"".join(self.tail) if self.total > len(self.head) else bytes(self.head)
+        """The output's last TAIL_LIMIT bytes."""
+        ends: list[bytes] = []
+        size = 0
+        for chunk in reversed(self.tail):
+            ends.append(chunk)
+            size += len(chunk)
+            if size >= TAIL_LIMIT:
+                break
+        data = bytes(self.head) + b"".join(reversed(ends)) if size < TAIL_LIMIT else b"".join(reversed(ends))
         return data[-TAIL_LIMIT:].decode(errors="replace")
 
 
@@ -157,10 +154,9 @@ def run_command(command: str, *, timeout_s: float, log_path: Path | None, cwd: s
         from elastic_diag import redaction
 
         redaction.redact_file(log_path, redaction.current())
-    if timed_out:
-        sink.tail.append(f"\n[elastic_diag: killed after the {timeout_s:g} s deadline]\n".encode())
+    tail = sink.text_tail() + (f"\n[elastic_diag: killed after the {timeout_s:g} s deadline]\n" if timed_out else "")
     return CommandRun(None if timed_out else proc.returncode, timed_out, time.monotonic() - started, sink.total,
-                      bytes(sink.head).decode(errors="replace"), sink.text_tail(),
+                      bytes(sink.head).decode(errors="replace"), tail,
                       str(log_path) if log is not None else None)  # fmt: skip
 
 

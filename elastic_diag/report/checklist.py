@@ -40,7 +40,7 @@ def _patterns(signature_id: str | None) -> list[re.Pattern[str]]:
     if not signature_id:
         return []
     try:
-        return [p for p in load_taxonomy().get(signature_id).patterns]
+        return list(load_taxonomy().get(signature_id).patterns)
     except KeyError:
         return []
 
