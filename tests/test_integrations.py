@@ -39,6 +39,8 @@ def test_accelerate_launch_multi_gpu_on_cpu(tmp_path):
     assert run.returncode == 1, run.stderr[-3000:]
     assert _verdict(run.report) == (1, "python_exception", "IndexError")
     assert "started by ELASTIC_DIAG=1 (torchrun --rdzv-backend static)" in run.report["notes"][0]
+    # the verification re-runs `accelerate launch` as it was, not torchrun with accelerate's options
+    assert f"{accelerate} launch --multi_gpu --num_processes 3 " in run.report["launch"]["relaunch"]
 
 
 def test_lightning_trainer_under_plain_torchrun(tmp_path):

@@ -191,6 +191,12 @@ def test_relaunch_of_torchrun_diag_replaces_restarts_and_diag_dir(tmp_path, monk
     assert facts.cwd == str(tmp_path) and facts.verify_dir == str(tmp_path / "d") + ".verify"
 
 
+def torch_run_file() -> str:
+    import torch.distributed.run
+
+    return str(torch.distributed.run.__file__)
+
+
 def test_relaunch_under_the_switch_keeps_the_switch_and_moves_the_diag_dir(tmp_path, monkeypatch):
     from elastic_diag.launch.relaunch import job_facts
 
@@ -199,14 +205,26 @@ def test_relaunch_under_the_switch_keeps_the_switch_and_moves_the_diag_dir(tmp_p
     monkeypatch.setenv("ELASTIC_DIAG_DIR", str(tmp_path / "d"))
     monkeypatch.setenv("ELASTIC_DIAG_REQUIRE_SLURM", "1")  # a test suite's own switch: not the job's
     config = DiagConfig(diag_dir=tmp_path / "d")
-    facts = job_facts("torchrun", config, ["--standalone", "--nproc-per-node=2", "--rdzv-endpoint", "h:29601", "t.py"])
+    torchrun = str(Path(sys.executable).parent / "torchrun")
+    facts = job_facts("torchrun", config, ["--standalone", "--nproc-per-node=2", "--rdzv-endpoint", "h:29601", "t.py"],
+                      program_path=torchrun)  # fmt: skip
     assert facts.relaunch is not None
     assert facts.relaunch.startswith(f"ELASTIC_DIAG=1 ELASTIC_DIAG_GRACE=2 ELASTIC_DIAG_DIR={tmp_path}/d.verify ")
     assert "--max-restarts 0 t.py" in facts.relaunch and facts.master_port == 29601
     assert "ELASTIC_DIAG_DIR" not in (facts.launch_command or "")
-    broken = job_facts("torchrun", config, ["--nproc-per-node"])  # does not parse: no relaunch, never a raise
+    broken = job_facts("torchrun", config, ["--nproc-per-node"], program_path=torchrun)  # no relaunch, no raise
     assert broken.relaunch is None
     assert job_facts("api", config).relaunch is None
+    # `accelerate launch` calls torch's elastic launch itself: its own command line comes back as it was
+    accelerate = str(Path(sys.executable).parent / "accelerate")
+    argv = ["launch", "--multi_gpu", "--num_processes", "3", "--num_machines", "1", "train.py", "--lr", "1"]
+    acc = job_facts("torchrun", config, argv, program_path=accelerate)
+    assert acc.relaunch == (f"ELASTIC_DIAG=1 ELASTIC_DIAG_GRACE=2 ELASTIC_DIAG_DIR={tmp_path}/d.verify {accelerate} "
+                            "launch --multi_gpu --num_processes 3 --num_machines 1 train.py --lr 1")  # fmt: skip
+    module = job_facts(
+        "torchrun", config, ["--nproc-per-node", "2", "t.py"], program_path=str(Path(torch_run_file()))
+    )  # python -m torch.distributed.run
+    assert module.relaunch is not None and "--max-restarts 0 t.py" in module.relaunch
 
 
 # ---- elastic-diag verify, bounded ------------------------------------------------------------------

@@ -89,8 +89,23 @@ def _nnodes(args: argparse.Namespace) -> int:
         return 1
 
 
-def job_facts(launcher: Launcher, config: DiagConfig, argv: Sequence[str] | None = None) -> JobFacts:
-    """What the verification commands need to know of this job; never raises (a command line it cannot
+def _is_torchrun(program: str) -> bool:
+    """torchrun's console script, or ``python -m torch.distributed.run``."""
+    path = Path(program)
+    return path.name in ("torchrun", "torchrun.exe") or path.parts[-3:] == ("torch", "distributed", "run.py")
+
+
+def _own_program(program: str | None) -> list[str]:
+    path = program if program is not None else sys.argv[0]
+    if os.access(path, os.X_OK) and not path.endswith(".py"):
+        return [os.path.abspath(path)] if os.sep in path else [path]
+    return [sys.executable, path]
+
+
+def job_facts(launcher: Launcher, config: DiagConfig, argv: Sequence[str] | None = None,
+              program_path: str | None = None) -> JobFacts:  # fmt: skip
+    """What the verification commands need to know of this job (``program_path``: the launcher's
+    ``sys.argv[0]``, for tests); never raises (a command line it cannot
     read gives no relaunch, and the report writes ``$RELAUNCH`` with what to set it to)."""
     cwd = os.getcwd()
     verify_dir = str(config.diag_dir) + VERIFY_SUFFIX
@@ -111,14 +126,22 @@ def job_facts(launcher: Launcher, config: DiagConfig, argv: Sequence[str] | None
             env: list[str] = []
             original_env: list[str] = []
         else:
+            original_env = [f"{k}={shlex.quote(os.environ[k])}" for k in SWITCH_SETTINGS if k in os.environ]
+            env = [*original_env, f"{ENV_DIAG_DIR}={shlex.quote(verify_dir)}"]
+            if not _is_torchrun(sys.argv[0] if program_path is None else program_path):
+                # another launcher that calls torch's elastic launch (`accelerate launch`, a wrapper
+                # script): its own command line, as it was (its options are not torchrun's)
+                command = original = [*_own_program(program_path), *argv]
+                relaunch = " ".join([*env, shlex.join(command)])
+                return JobFacts(cwd=cwd, python=sys.executable, relaunch=relaunch, verify_dir=verify_dir,
+                                launch_command=" ".join([*original_env, shlex.join(original)]),
+                                logs=str(config.diag_dir), checkpoint_dir=common["checkpoint_dir"])  # fmt: skip
             from torch.distributed.run import get_args_parser
 
             options, rest, args = _split(argv, get_args_parser())
             program = _program("torchrun", "torch.distributed.run")
             command = [*program, *_without(options, _REPLACED[launcher]), "--max-restarts", "0", *rest]
             original = [*program, *options, *rest]
-            original_env = [f"{k}={shlex.quote(os.environ[k])}" for k in SWITCH_SETTINGS if k in os.environ]
-            env = [*original_env, f"{ENV_DIAG_DIR}={shlex.quote(verify_dir)}"]
     except ValueError:
         return JobFacts(**common)  # type: ignore[arg-type]
     relaunch = " ".join([*env, shlex.join(command)])
