@@ -31,8 +31,10 @@ culprit is on disk. Prints the latency beside the configured grace.
 from __future__ import annotations
 
 import argparse
+import ast
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -208,52 +210,90 @@ def latency(repeats: int, grace: float) -> None:
     )
 
 
-def _timed_run(argv: list[str], steps: int) -> dict[str, float]:
-    """One run; the phases from the console lines' arrival times, and the CPU of the whole tree."""
+HEALTHY_JOB = ROOT / "benchmarks" / "jobs" / "healthy_ddp.py"
+# the launcher runs in this wrapper, which writes its own CPU seconds (all its threads) and its children's
+# (the workers: they are the launcher's children, reaped by it) to argv[1] when it exits
+_CPU_SPLIT_WRAPPER = (
+    "import atexit, resource, runpy, sys\n"
+    "out = sys.argv.pop(1); module = sys.argv.pop(1)\n"
+    "def w():\n"
+    "    s, c = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)\n"
+    "    open(out, 'w').write(repr((s.ru_utime + s.ru_stime, c.ru_utime + c.ru_stime)))\n"
+    "atexit.register(w)\n"
+    "sys.argv[0] = module\n"
+    "runpy.run_module(module, run_name='__main__', alter_sys=True)\n"
+)
+
+
+_PHASE_LINE = re.compile(r"phase (start|joined|done) (\d+\.\d+)")
+
+
+def _timed_run(argv: list[str], steps: int, nproc: int, cpu_file: Path) -> dict[str, float]:
+    """One run of benchmarks/jobs/healthy_ddp.py; the phases from the times the ranks print (their
+    ``phase start/joined/done`` lines) and from the launcher's own start and exit, and the CPU seconds of
+    the launcher and of its workers."""
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    before = os.times()
-    t0 = time.monotonic()
+    t0 = time.time()
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=ROOT)
-    first = last = None
+    marks: dict[str, list[float]] = {"start": [], "joined": [], "done": []}
+    last_step = None
     assert proc.stdout is not None
     for line in proc.stdout:
-        if "step 0 loss" in line and first is None:
-            first = time.monotonic() - t0
+        for what, when in _PHASE_LINE.findall(line):  # two ranks' lines can share one console line
+            marks[what].append(float(when))
         if f"step {steps - 1} loss" in line:
-            last = time.monotonic() - t0
+            last_step = time.time()
     code = proc.wait()
-    end = time.monotonic() - t0
-    after = os.times()
-    if code != 0 or first is None or last is None:
-        raise SystemExit(f"{argv[2]}: exit {code}, first step line {first}, last {last}")
-    cpu = (after.children_user - before.children_user) + (after.children_system - before.children_system)
-    return {"start": first, "training": last - first, "tail": end - last, "total": end, "cpu": cpu}
+    end = time.time()
+    if code != 0 or last_step is None or any(len(v) != nproc for v in marks.values()):
+        raise SystemExit(f"{argv[3]}: exit {code}, phase lines {marks}, last step line at {last_step}")
+    launcher_cpu, workers_cpu = ast.literal_eval(cpu_file.read_text())
+    return {
+        "start": min(marks["start"]) - t0,
+        "rendezvous": max(marks["joined"]) - min(marks["start"]),
+        "training": max(marks["done"]) - max(marks["joined"]),
+        "tail": end - max(marks["done"]),
+        "total": end - t0,
+        "launcher_cpu": launcher_cpu,
+        "worker_cpu": workers_cpu / nproc,
+    }
+
+
+PHASES = {
+    "start": "launcher start -> first rank's first line",
+    "rendezvous": "first rank's first line -> last rank joined",
+    "training": "last rank joined -> last rank done",
+    "tail": "last rank done -> launcher exit",
+    "total": "whole run",
+    "launcher_cpu": "launcher CPU seconds (all its threads)",
+    "worker_cpu": "CPU seconds per worker",
+}
 
 
 def phases(pairs: int, steps: int, nproc: int) -> None:
-    job = [str(EXAMPLE), "--steps", str(steps), "--step-sleep", "0", "--width", "64"]
+    job = [str(HEALTHY_JOB), "--steps", str(steps)]
     common = ["--standalone", "--nproc-per-node", str(nproc)]
-    launchers = {"torchrun": [sys.executable, "-m", "torch.distributed.run", *common, *job]}
     results: dict[str, list[dict[str, float]]] = {"torchrun": [], "torchrun-diag": []}
     with tempfile.TemporaryDirectory() as tmp:
+        cpu_file = Path(tmp) / "cpu.txt"
+        wrapper = [sys.executable, "-c", _CPU_SPLIT_WRAPPER, str(cpu_file)]
         for i in range(pairs):
-            launchers["torchrun-diag"] = [sys.executable, "-m", "elastic_diag.run", *common, "--diag-dir",
-                                          f"{tmp}/run{i}", *job]  # fmt: skip
+            launchers = {
+                "torchrun": [*wrapper, "torch.distributed.run", *common, *job],
+                "torchrun-diag": [*wrapper, "elastic_diag.run", *common, "--diag-dir", f"{tmp}/run{i}", *job],
+            }
             order = ["torchrun", "torchrun-diag"] if i % 2 == 0 else ["torchrun-diag", "torchrun"]
             for name in order:
-                results[name].append(_timed_run(launchers[name], steps))
+                results[name].append(_timed_run(launchers[name], steps, nproc, cpu_file))
             print(f"pair {i + 1}/{pairs}: " + ", ".join(f"{n} {results[n][-1]['total']:.2f} s" for n in order),
                   flush=True)  # fmt: skip
     ratios = [d["total"] / p["total"] for p, d in zip(results["torchrun"], results["torchrun-diag"], strict=True)]
     print(f"\n{nproc} ranks, {steps} steps, {pairs} interleaved pairs; medians, seconds")
-    print(f"{'phase':<34}{'torchrun':>10}{'torchrun-diag':>15}{'diff':>8}")
-    labels = {"start": "launcher start -> first step line", "training": "first -> last step line",
-              "tail": "last step line -> launcher exit", "total": "whole run",
-              "cpu": "CPU seconds (all processes)"}  # fmt: skip
-    for key, label in labels.items():
+    print(f"{'phase':<46}{'torchrun':>10}{'torchrun-diag':>15}{'diff':>8}")
+    for key, label in PHASES.items():
         a = statistics.median(r[key] for r in results["torchrun"])
         b = statistics.median(r[key] for r in results["torchrun-diag"])
-        print(f"{label:<34}{a:>10.2f}{b:>15.2f}{b - a:>+8.2f}")
+        print(f"{label:<46}{a:>10.2f}{b:>15.2f}{b - a:>+8.2f}")
     print(f"median ratio of the whole run (per pair): {statistics.median(ratios):.3f} (target <= 1.02); "
           f"pairs: {', '.join(f'{r:.3f}' for r in ratios)}")  # fmt: skip
 

@@ -196,7 +196,12 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _entry() -> None:
-    sys.exit(main())
+    code = main()
+    if sys.argv[1:2] == ["run"]:  # the launcher: leave without Python's finalization (launch/run.py)
+        from elastic_diag.launch.run import exit_now
+
+        exit_now(code)
+    sys.exit(code)
 
 
 if __name__ == "__main__":

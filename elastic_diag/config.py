@@ -20,6 +20,7 @@ ENV_DIAG_DIR = "ELASTIC_DIAG_DIR"
 ENV_GRACE = "ELASTIC_DIAG_GRACE"
 ENV_STACK_TIMEOUT = "ELASTIC_DIAG_STACK_TIMEOUT"
 ENV_HANG_TIMEOUT = "ELASTIC_DIAG_HANG_TIMEOUT"
+ENV_STALL_TIMEOUT = "ELASTIC_DIAG_STALL_TIMEOUT"
 ENV_RESTART_POLICY = "ELASTIC_DIAG_RESTART_POLICY"
 ENV_VERIFY = "ELASTIC_DIAG_VERIFY"  # controls separated by ";"
 ENV_CHECKPOINT_DIR = "ELASTIC_DIAG_CHECKPOINT_DIR"
@@ -32,8 +33,9 @@ KUBERNETES_TERMINATION_LOG = "/dev/termination-log"
 DEFAULT_VERIFY_TIMEOUT_S = 120.0
 DEFAULT_VERIFY_RETRIES = 2
 # The settings a [tool.elastic_diag] table may hold (names as in DiagConfig.resolve).
-TOML_KEYS = ("diag_dir", "grace", "stack_timeout", "tail_lines", "hang_timeout", "restart_policy", "verify",
-             "checkpoint_dir", "verify_timeout", "verify_retries", "requeue_exit_code", "termination_log")  # fmt: skip
+TOML_KEYS = ("diag_dir", "grace", "stack_timeout", "tail_lines", "hang_timeout", "stall_timeout", "restart_policy",
+             "verify", "checkpoint_dir", "verify_timeout", "verify_retries", "requeue_exit_code",
+             "termination_log")  # fmt: skip
 
 DEFAULT_RUNS_DIR = "elastic_diag_runs"
 DIAG_DIR_MAX_MODE = 0o750  # a new diag dir is never wider than this
@@ -99,7 +101,7 @@ def parse_termination_log(raw: object) -> Path | None:
     return Path(value).absolute()
 
 
-def parse_hang_timeout(raw: str, source: str = "--diag-hang-timeout") -> float | None:
+def parse_hang_timeout(raw: str, source: str = "--diag-hang-timeout") -> float | None:  # and --diag-stall-timeout
     """``auto`` -> None (the automatic threshold), ``off`` -> 0.0, else seconds (> 0)."""
     value = raw.strip().lower()
     if value in ("", "auto"):
@@ -156,14 +158,17 @@ class DiagConfig:
     ``grace_s``: after the first failure, how long to wait for the other ranks to exit on their own
     before their stacks are taken and the group is torn down (ends early when all have exited).
     ``stack_timeout_s``: how long to wait for the stack dumps of ranks still alive.
-    ``hang_timeout_s``: the health monitor's threshold (None: automatic, 0: off).
+    ``hang_timeout_s``: the health monitor's threshold for a hang verdict, which stops the group (None:
+    automatic, 0: off). ``stall_timeout_s``: its threshold for a stall snapshot, which stops nothing (None:
+    automatic, 0: off).
     """
 
     diag_dir: Path
     grace_s: float = DEFAULT_GRACE_S
     stack_timeout_s: float = DEFAULT_STACK_TIMEOUT_S
     tail_lines: int = DEFAULT_TAIL_LINES
-    hang_timeout_s: float | None = None  # None: automatic threshold; 0: health monitor off
+    hang_timeout_s: float | None = None  # None: automatic threshold; 0: no hang verdict
+    stall_timeout_s: float | None = None  # None: automatic threshold; 0: no stall snapshot
     restart_policy: str = "verified"
     verify: tuple[str, ...] = ()  # verification controls; () = the defaults (gate.default_controls)
     checkpoint_dir: Path | None = None
@@ -202,6 +207,7 @@ class DiagConfig:
         stack_timeout_s: float | None = None,
         tail_lines: int | None = None,
         hang_timeout: str | None = None,
+        stall_timeout: str | None = None,
         restart_policy: str | None = None,
         verify: Sequence[str] | None = None,
         checkpoint_dir: str | None = None,
@@ -236,6 +242,7 @@ class DiagConfig:
             raw_verify = [v.strip() for v in raw_verify.split(";") if v.strip()]
         raw_ckpt = pick(checkpoint_dir, ENV_CHECKPOINT_DIR, "checkpoint_dir")
         raw_hang = pick(hang_timeout, ENV_HANG_TIMEOUT, "hang_timeout")
+        raw_stall = pick(stall_timeout, ENV_STALL_TIMEOUT, "stall_timeout")
         raw_requeue = pick(requeue_exit_code, ENV_REQUEUE_EXIT_CODE, "requeue_exit_code")
         raw_termination = pick(termination_log, ENV_TERMINATION_LOG, "termination_log")
         return cls(
@@ -243,7 +250,10 @@ class DiagConfig:
             grace_s=number(grace_s, ENV_GRACE, "grace", DEFAULT_GRACE_S),
             stack_timeout_s=number(stack_timeout_s, ENV_STACK_TIMEOUT, "stack_timeout", DEFAULT_STACK_TIMEOUT_S),
             tail_lines=int(number(tail_lines, None, "tail_lines", DEFAULT_TAIL_LINES)),
-            hang_timeout_s=parse_hang_timeout(str(raw_hang)) if raw_hang is not None else None,
+            hang_timeout_s=parse_hang_timeout(str(raw_hang), sources["hang_timeout"]) if raw_hang is not None else None,
+            stall_timeout_s=(
+                parse_hang_timeout(str(raw_stall), sources["stall_timeout"]) if raw_stall is not None else None
+            ),
             restart_policy=str(pick(restart_policy, ENV_RESTART_POLICY, "restart_policy") or "verified"),
             verify=tuple(str(v) for v in raw_verify) if isinstance(raw_verify, list | tuple) else (),
             checkpoint_dir=Path(str(raw_ckpt)).absolute() if raw_ckpt else None,
@@ -252,6 +262,12 @@ class DiagConfig:
             requeue_exit_code=parse_requeue_exit_code(raw_requeue, sources["requeue_exit_code"]),
             termination_log=parse_termination_log(raw_termination),
         )
+
+    @property
+    def monitored(self) -> bool:
+        """Whether the health monitor runs (and so the ranks' progress beacons): a hang verdict or a stall
+        snapshot is on."""
+        return self.hang_timeout_s != 0 or self.stall_timeout_s != 0
 
     def check_writable(self) -> None:
         """Create the diag dir and prove it writable, or raise a UsageError naming it."""

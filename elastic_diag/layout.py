@@ -9,6 +9,9 @@ live agent and the offline analyzer read them through the same readers, so the t
         attempt_<N>/
             report.json                   the attempt's own report
             environment.json              versions, memory, disks, ulimits, variables, GPUs at the first failure
+            stall_<K>/                    the K-th stall the health monitor saw (nothing was stopped for it)
+                stall.json                who waited inside a collective, who was outside it, since when, where
+                rank_<global rank>/       stacks.txt, fr_trace.json, pyspy.txt as the rank was at the stall
             filtered_stdout.log  filtered_stderr.log   torch's --local-ranks-filter streams
             gate/                         the restart gate's controls and their output
             rank_<global rank>/
@@ -44,6 +47,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from elastic_diag.core.evidence import ErrorLine, ExceptionRecord
     from elastic_diag.core.flight_recorder import RankRecord
+    from elastic_diag.core.stall import StallRecord
 
 # --- the documents (their JSON Schemas: elastic_diag/report/schemas/) -------------------------------
 REPORT_SCHEMA = "elastic_diag.report/1"
@@ -75,6 +79,9 @@ DUMP_DONE_FILE = "dump.done"
 PYSPY_FILE = "pyspy.txt"
 FIRST_ERROR_FILE = "first_error.json"
 ROOT_CAUSE_FILE = "root_cause.json"
+STALL_FILE = "stall.json"
+STALL_MAX_BYTES = 1 << 20
+STALL_FR_MAX_BYTES = 8 << 20  # a stall keeps a copy of each rank's flight recorder up to this size
 ENVIRONMENT_FILE = (
     "environment.json"  # attempt_N/: versions, memory, disks, ulimits, variables, GPUs at the first failure
 )
@@ -90,6 +97,10 @@ def attempt_dir_name(attempt: int) -> str:
 
 def rank_dir_name(rank: int) -> str:
     return f"rank_{rank}"
+
+
+def stall_dir_name(number: int) -> str:
+    return f"stall_{number}"
 
 
 # --- the environment ---------------------------------------------------------------------------------
@@ -327,6 +338,29 @@ def read_flight_record(rank_dir: Path, rank: int) -> tuple[RankRecord | None, st
     if got.problem is not None:
         return None, f"rank {rank}: {got.problem}"
     return got.record, None
+
+
+def read_stalls(attempt_dir: Path) -> tuple[StallRecord, ...]:
+    """The attempt's stall records (``stall_<K>/stall.json``) in order, each rank's stack from its snapshot."""
+    from elastic_diag.core.evidence import parse_stack_dump
+    from elastic_diag.core.stall import stall_from_json
+
+    found = []
+    for folder in attempt_dir.glob("stall_*"):
+        number = folder.name.removeprefix("stall_")
+        data = read_json(folder / STALL_FILE, STALL_MAX_BYTES) if number.isdigit() else None
+        if data is None:
+            continue
+        stacks = {}
+        for entry in data.get("ranks") or ():
+            if isinstance(entry, dict) and isinstance(entry.get("rank"), int):
+                dump = parse_stack_dump(read_stack_since(folder / rank_dir_name(entry["rank"]), 0))
+                if dump is not None:
+                    stacks[entry["rank"]] = dump
+        record = stall_from_json(data, stacks)
+        if record is not None:
+            found.append(record)
+    return tuple(sorted(found, key=lambda r: r.number))
 
 
 def latest_checkpoint(folder: Path | None) -> Path | None:

@@ -11,6 +11,7 @@ from elastic_diag.core.attribution import RULES
 from elastic_diag.core.classify import classify_attempt
 from elastic_diag.core.evidence import AttemptEvidence, ErrorLine, ExceptionRecord, RankEvidence, parse_stack_dump
 from elastic_diag.core.flight_recorder import Collective, RankRecord
+from elastic_diag.core.stall import StallRank, StallRecord
 
 CLOSED = "RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:553] Connection closed by peer [127.0.0.1]:4000"
 TIMEOUT = "RuntimeError: [../third_party/gloo/gloo/transport/tcp/unbound_buffer.cc:78] Timed out waiting 8000ms for " \
@@ -373,6 +374,59 @@ def test_alive_outside_collective():
         rank(2, exit_code=-15, alive_at_decision=True, stopped_by_agent=True, stack=parse_stack_dump(OUTSIDE)),
     ))  # fmt: skip
     assert (d.initiating_rank, d.failure_class, d.rule) == (2, "hang", "alive_outside_collective")
+
+
+def stall_at(since: float, outside: dict[int, str | None], waiting: tuple[int, ...], **kw) -> StallRecord:
+    ranks = [StallRank(rank=r, local_rank=r, in_collective=False, where=w, beacon=True) for r, w in outside.items()]
+    ranks += [StallRank(rank=r, local_rank=r, in_collective=True, where="/job/train.py:96 in main",
+                        collective="barrier #13 (process group 0)", beacon=True) for r in waiting]  # fmt: skip
+    return StallRecord(number=1, node="host-a", since=since, detected_at=since + 5.2, threshold_s=5.0,
+                       ranks=tuple(sorted(ranks, key=lambda r: r.rank)), **kw)  # fmt: skip
+
+
+def test_outside_collective_at_stall_names_the_rank_that_held_its_peers_past_the_timeout():
+    """Rank 0's checkpoint save outlasted the collective timeout: ranks 1 and 2 timed out in the barrier, then
+    rank 0 entered it and found them gone. Every failure is a symptom and no rank is alive any more; the stall
+    snapshot, taken while rank 0 was still saving, names it and where."""
+    where = "/job/checkpoint.py:88 in save"
+    d = classify_attempt(attempt(
+        waiting(0, 14.0, CLOSED), waiting(1, 8.0, TIMEOUT), waiting(2, 8.0, TIMEOUT),
+        stalls=(stall_at(0.5, {0: where}, (1, 2), outcome="failed"),),
+    ))  # fmt: skip
+    assert (d.initiating_rank, d.failure_class, d.rule) == (0, "hang", "outside_collective_at_stall")
+    assert d.signature_id == "rank-outlasted-collective-timeout"
+    assert d.summary.startswith(f"Rank 0 on host-a was busy outside any collective at {where}, while its peers "
+                                "waited in the next collective (seen there by the stall snapshot); it reached the "
+                                "collective only after their timeout had expired")  # fmt: skip
+    assert d.collateral_ranks == (1, 2)
+    assert any(line.startswith("elastic_diag stall snapshot 5.2 s after the last progress: rank 0 outside") and
+               "waited in barrier #13" in line for line in d.evidence), d.evidence  # fmt: skip
+
+
+def test_a_rank_the_stall_saw_stuck_and_the_teardown_stopped_there_is_stuck_outside_any_collective():
+    """Stopped by the launcher with no stack of its own taken later (its dump was lost): the stall's stack."""
+    where = "/job/train.py:77 in fetch"
+    d = classify_attempt(attempt(
+        waiting(0, 8.0, TIMEOUT), waiting(1, 8.0, TIMEOUT),
+        rank(2, exit_code=-15, alive_at_decision=True, stopped_by_agent=True),
+        stalls=(stall_at(0.5, {2: where}, (0, 1), outcome="failed"),),
+    ))  # fmt: skip
+    assert (d.initiating_rank, d.signature_id, d.rule) == (2, "hang-outside-collective", "outside_collective_at_stall")
+    assert d.summary.startswith(f"Rank 2 on host-a was stuck outside any collective at {where}, while its peers "
+                                "waited (seen there by the stall snapshot, before any teardown).")  # fmt: skip
+
+
+def test_a_stall_the_job_got_over_or_a_later_own_failure_decides_nothing_here():
+    """A stall that ended (progress resumed) says nothing of a later failure; a rank's own failure beats the
+    stall's inference."""
+    over = stall_at(0.5, {0: "/job/train.py:77 in fetch"}, (1, 2), ended_at=12.0, outcome="resumed")
+    d = classify_attempt(attempt(waiting(0, 30.0, CLOSED), waiting(1, 30.0, TIMEOUT), waiting(2, 30.0, TIMEOUT),
+                                 stalls=(over,)))  # fmt: skip
+    assert d.rule != "outside_collective_at_stall"
+    stuck = stall_at(0.5, {0: "/job/train.py:77 in fetch"}, (1, 2), outcome="failed")
+    own = rank(2, exit_code=1, exit_time=9.0, exception=exc("ValueError: bad batch", 8.9))
+    d = classify_attempt(attempt(waiting(0, 10.0, CLOSED), waiting(1, 10.0, CLOSED), own, stalls=(stuck,)))
+    assert (d.initiating_rank, d.rule) == (2, "own_failure_first")
 
 
 def test_odd_location():

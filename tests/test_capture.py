@@ -59,7 +59,9 @@ class FakeProcess:
 
 def capture_of(tmp_path: Path, clock: FakeClock, exits: list[tuple[float | None, int]],
                grace_s: float = 5.0, stack_timeout_s: float = 1.0) -> AttemptCapture:  # fmt: skip
-    config = DiagConfig(diag_dir=tmp_path, grace_s=grace_s, stack_timeout_s=stack_timeout_s, hang_timeout_s=0)
+    config = DiagConfig(
+        diag_dir=tmp_path, grace_s=grace_s, stack_timeout_s=stack_timeout_s, hang_timeout_s=0, stall_timeout_s=0
+    )
     attempt = AttemptLayout(attempt=0, dir=tmp_path / "attempt_0")
     workers = []
     for rank, (exits_at, code) in enumerate(exits):

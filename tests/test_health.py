@@ -12,7 +12,7 @@ import pytest
 from helpers import EXAMPLE, ROOT, launch, torchrun_diag
 
 from elastic_diag.agent.dumps import find_py_spy
-from elastic_diag.agent.health import AUTO_FLOOR_S, AUTO_START_S, HealthMonitor
+from elastic_diag.agent.health import AUTO_FLOOR_S, AUTO_START_S, STALL_FLOOR_S, STALL_START_S, HealthMonitor
 
 live = pytest.mark.multiprocess  # with the suite's timeout raised to 150 s below
 
@@ -127,8 +127,11 @@ def test_a_slow_first_step_raises_nothing_with_the_automatic_threshold(tmp_path)
 def test_a_rank_holding_the_gil_is_dumped_by_signal_and_the_missing_evidence_is_reported(tmp_path):
     """Catastrophic regex backtracking holds the GIL: the rank's beacon thread never runs, so its
     dump request is never answered. The faulthandler signal (C) still gives its stack, within the
-    stack timeout, and the report says what is missing."""
-    run = launch(torchrun_diag(*COMMON, "--diag-dir", str(tmp_path), *args(EXAMPLE, "regex-hang")), tmp_path)
+    stack timeout, and the report says what is missing. The stall snapshot 1.5 s into the hang (the GIL held
+    since before it) says the same, and stops nothing: the hang verdict at 3 s does."""
+    argv = torchrun_diag(*COMMON, "--diag-stall-timeout", "1.5", "--diag-dir", str(tmp_path),
+                         *args(EXAMPLE, "regex-hang"))  # fmt: skip
+    run = launch(argv, tmp_path)
     d = run.report["diagnosis"]
     assert (d["failure_class"], d["initiating_rank"]) == ("hang", CULPRIT), d
     assert "faults.py" in d["summary"] and "in inject" in d["summary"]
@@ -138,6 +141,13 @@ def test_a_rank_holding_the_gil_is_dumped_by_signal_and_the_missing_evidence_is_
     if find_py_spy() is not None:  # native frames too (py-spy is in the test extra)
         native = (tmp_path / "attempt_0" / f"rank_{CULPRIT}" / "pyspy.txt").read_text()
         assert "sre" in native.lower() or "match" in native, native[:2000]
+    (stall,) = run.report["attempts"][-1]["stalls"]
+    assert stall["outside"] == [CULPRIT] and stall["waiting"] == [0, 1] and stall["outcome"] == "failed", stall
+    culprit = next(r for r in stall["ranks"] if r["rank"] == CULPRIT)
+    assert culprit["beacon"] is False and "in inject_now" in (culprit["where"] or ""), culprit
+    at_stall = tmp_path / "attempt_0" / "stall_1" / f"rank_{CULPRIT}"
+    assert "re/__init__.py" in (at_stall / "stacks.txt").read_text()
+    assert any(line.startswith("elastic_diag stall snapshot") for line in d["evidence"]), d["evidence"]
     run.assert_verify_reproduces()
 
 
@@ -245,3 +255,116 @@ def test_the_public_api_is_a_no_op_outside_elastic_diag(tmp_path, monkeypatch):
     with elastic_diag.watch("step", timeout=1.0):
         ran = True
     assert ran and beacon.current() is None and list(tmp_path.iterdir()) == []
+
+
+# -- stalls: the same condition, held for a shorter time; nothing is stopped --------------------------------
+WAITING = {"0": {"last_enqueued_collective": "9", "last_completed_collective": "8"}}
+
+
+def stall_monitor(tmp_path: Path, clock: Clock, hang: float | None = 60.0, stall: float | None = 5.0,
+                  ranks: int = 3) -> tuple[HealthMonitor, dict[int, Path], list, list]:  # fmt: skip
+    files = {r: tmp_path / f"s{r}.json" for r in range(ranks)}
+    started: list = []
+    ended: list = []
+    mon = HealthMonitor(files, hang, clock=clock, wall=clock, stall_timeout_s=stall, on_stall=started.append,
+                        on_stall_end=ended.append)  # fmt: skip
+    return mon, files, started, ended
+
+
+def test_a_stall_is_recorded_once_with_who_waits_and_who_holds_them_and_ends_when_progress_resumes(tmp_path):
+    clock = Clock()
+    mon, files, started, ended = stall_monitor(tmp_path, clock)
+    for r in files:  # rank 0 saves a checkpoint (no collective), ranks 1 and 2 wait in the barrier after it
+        write(files[r], steps=4, pg_status=WAITING if r else {})
+    assert mon.check() is None
+    clock.t += 4.9
+    assert mon.check() is None and started == []
+    clock.t += 0.2
+    assert mon.check() is None  # a stall, not a hang: nothing to stop
+    assert len(started) == 1
+    stall = started[0]
+    assert (stall.number, stall.outside, stall.waiting, stall.snapshot) == (1, (0,), (1, 2), True)
+    assert stall.since == 1000.0 and stall.stalled_s == pytest.approx(5.1) and stall.threshold_s == 5.0
+    for _ in range(5):  # the same stall, seen again and again: one record
+        clock.t += 1
+        mon.check()
+    assert len(started) == 1 and ended == []
+    write(files[0], steps=5)  # the save is over: rank 0 steps again
+    clock.t += 1
+    mon.check()
+    assert ended == [stall] and stall.ended_at == clock.t and stall.duration_s == pytest.approx(11.1)
+    assert mon.stall is None and mon.stalls == [stall]
+
+
+def test_at_most_one_snapshot_a_minute_and_every_stall_recorded(tmp_path):
+    clock = Clock()
+    mon, files, started, _ = stall_monitor(tmp_path, clock)
+    steps = 4
+    for when in (0.0, 20.0, 70.0):  # three stalls: the second within a minute of the first snapshot
+        clock.t = 1000.0 + when
+        steps += 1
+        for r in files:
+            write(files[r], steps=steps, pg_status=WAITING if r else {})
+        mon.check()
+        clock.t += 6
+        mon.check()
+    assert [s.snapshot for s in started] == [True, False, True]
+    assert [s.number for s in started] == [1, 2, 3]
+
+
+def test_a_late_monitor_records_one_stall_and_stops_nothing(tmp_path):
+    """The agent starved of CPU (the job saturates both cores): its checks come seconds late. The stall
+    is still recorded once, with how long it had lasted, and no alarm is raised below the hang threshold."""
+    clock = Clock()
+    mon, files, started, _ = stall_monitor(tmp_path, clock, hang=60.0)
+    for r in files:
+        write(files[r], steps=4, pg_status=WAITING if r else {})
+    mon.check()
+    clock.t += 25  # the next check, 25 s later
+    assert mon.check() is None
+    clock.t += 25
+    assert mon.check() is None
+    assert len(started) == 1 and started[0].stalled_s == pytest.approx(25.0)
+    clock.t += 11
+    alarm = mon.check()  # the configured hang threshold still decides when the group is stopped
+    assert alarm is not None and alarm.threshold_s == 60.0
+
+
+def test_the_automatic_stall_threshold(tmp_path):
+    clock = Clock()
+    mon, files, _, _ = stall_monitor(tmp_path, clock, hang=None, stall=None, ranks=1)
+    write(files[0], steps=2, step_durations=[0.1])
+    mon.check()
+    assert mon.stall_threshold() == STALL_START_S  # before the warm-up (a slow first step is no stall)
+    write(files[0], steps=10, step_durations=[0.1] * 9)
+    mon.check()
+    assert mon.stall_threshold() == STALL_FLOOR_S
+    write(files[0], steps=20, step_durations=[4.0] * 19)
+    mon.check()
+    assert mon.stall_threshold() == 12.0 and mon.threshold() == 60.0
+
+
+@pytest.mark.parametrize("hang, stall, expect", [(3.0, None, 0), (5.0, 5.0, 0), (60.0, 0, 0), (0, 5.0, 1)])
+def test_no_stall_at_or_above_the_hang_threshold_or_when_off(tmp_path, hang, stall, expect):
+    """The hang verdict takes its own evidence when it comes first; `--diag-stall-timeout off` records none;
+    `--diag-hang-timeout off` keeps the stall snapshots and never stops the group."""
+    clock = Clock()
+    mon, files, started, _ = stall_monitor(tmp_path, clock, hang=hang, stall=stall)
+    for r in files:
+        write(files[r], steps=4, pg_status=WAITING if r else {})
+    mon.check()
+    clock.t += 3600
+    alarm = mon.check()
+    assert len(started) == expect
+    assert (alarm is None) == (hang == 0)
+
+
+def test_every_rank_busy_outside_collectives_is_no_stall(tmp_path):
+    clock = Clock()
+    mon, files, started, _ = stall_monitor(tmp_path, clock)
+    for r in files:  # a final evaluation on every rank, no collective
+        write(files[r], steps=4)
+    mon.check()
+    clock.t += 100
+    mon.check()
+    assert started == []

@@ -83,6 +83,32 @@ def _notes_say(*words: str) -> Callable[[dict[str, Any]], None]:
     return check
 
 
+def _stall_saw(holder: int, where: str, *, warned: bool) -> Callable[[dict[str, Any]], None]:
+    """The health monitor recorded one stall with ``holder`` outside any collective at ``where`` and every
+    other rank waiting in one; a stall the job got over is a warning naming the rank and the line."""
+
+    def check(report: dict[str, Any]) -> None:
+        (stall,) = report["attempts"][-1]["stalls"]
+        assert stall["snapshot"] == "taken" and stall["outside"] == [holder], stall
+        assert len(stall["waiting"]) == len(report["ranks"]) - 1, stall
+        at = {r["rank"]: r for r in stall["ranks"]}
+        assert where in (at[holder]["where"] or ""), at[holder]
+        assert all(r["collective"] for r in stall["ranks"] if r["in_collective"]), stall["ranks"]
+        stalls = [w for w in report["warnings"] if w["class"] == "stall"]
+        if warned:
+            assert [w["rank"] for w in stalls] == [holder] and stall["outcome"] == "resumed", report["warnings"]
+            assert f"Rank {holder} held its peers" in stalls[0]["summary"] and where in stalls[0]["summary"]
+        else:
+            assert stalls == [] and stall["outcome"] == "failed", stall
+
+    return check
+
+
+def _outlasted_the_timeout(report: dict[str, Any]) -> None:
+    assert report["diagnosis"]["signature_id"] == "rank-outlasted-collective-timeout", report["diagnosis"]
+    _stall_saw(0, "in save_checkpoint", warned=False)(report)
+
+
 def _lost_stderr_kept(report: dict[str, Any]) -> None:
     culprit = next(r for r in report["ranks"] if r["rank"] == 1)
     assert any("batch = collate(samp" in line for line in culprit["last_lines"]), culprit["last_lines"]
@@ -153,6 +179,19 @@ CASES: list[Scenario] = [
     # -- what the peers and the beacon know ------------------------------------------------------------
     Scenario("monitored_barrier_names_rank.py", 3, 2, "hang", None, "named_by_peers"),
     Scenario("watch_timeout_eval.py", 3, 2, "hang", None, "hang_alarm"),
+    # -- stalls: the health monitor's snapshot while the ranks are stuck; nothing is stopped for it --------
+    # rank 0's 8 s checkpoint save, its peers in the barrier after it (collective timeout 300 s): no kill, a warning
+    Scenario("slow_checkpoint_save.py", 3, None, "healthy", returncode=0,
+             check=_stall_saw(0, "in save_checkpoint", warned=True)),
+    # the same save, 9 s, outlasts a 6 s collective timeout: by the verdict rank 0 has entered the barrier and
+    # failed there like its peers; only the snapshot taken 2 s into the stall saw where it had been
+    Scenario("slow_checkpoint_save.py", 3, 0, "hang", None, "outside_collective_at_stall",
+             flags=("--diag-stall-timeout", "2"), env={"SCENARIO_PG_TIMEOUT": "6", "SCENARIO_SAVE_SECONDS": "9"},
+             check=_outlasted_the_timeout),
+    # a gradient hook blocks rank 1 inside its backward; its peers wait in FSDP2's reduce-scatter
+    Scenario("fsdp2_grad_hook_blocks.py", 3, 1, "hang", None, "missing_from_collective",
+             flags=("--diag-stall-timeout", "2", "--diag-hang-timeout", "8"),
+             check=_stall_saw(1, "fsdp2_grad_hook_blocks.py", warned=False)),
     Scenario("nan_batch_clip_error.py", 3, 1, "nan_inf", "RuntimeError", "nonfinite_first"),
     Scenario("nan_grads_finite_loss.py", 2, None, "nan_inf", None, "own_failure_first",
              check=_summary_has("became non-finite together")),
@@ -188,6 +227,8 @@ def _id(s: Scenario) -> str:
     name = s.script.removesuffix(".py")
     if s.env.get("SCENARIO_FAIL_RANK") == "-1":
         return f"{name}-healthy"
+    if "SCENARIO_PG_TIMEOUT" in s.env:
+        return f"{name}-past-the-timeout"
     return name + "".join(f"-{k}={v}" for k, v in s.env.items() if k.startswith("TORCH_"))
 
 

@@ -27,7 +27,7 @@ import os
 import signal
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -42,12 +42,14 @@ from elastic_diag.agent.environment import BUDGET_S as ENVIRONMENT_BUDGET_S
 from elastic_diag.agent.environment import take_snapshot
 from elastic_diag.agent.health import HangAlarm, HealthMonitor
 from elastic_diag.agent.kernel import kernel_log_oom_lines, oom_evidence, remember_cgroups
+from elastic_diag.agent.stall import StallSnapshots
 from elastic_diag.agent.tailer import StreamTailer
 from elastic_diag.config import DiagConfig
 from elastic_diag.core.classify import classify_attempt, straggler_warnings
 from elastic_diag.core.environment import environment_findings
 from elastic_diag.core.evidence import AttemptEvidence, RankEvidence, as_seconds, parse_stack_dump
 from elastic_diag.core.flight_recorder import RankRecord
+from elastic_diag.core.stall import StallRecord
 from elastic_diag.core.verdict import AttemptStatus, Diagnosis
 from elastic_diag.layout import (
     ENVIRONMENT_FILE,
@@ -74,6 +76,7 @@ from elastic_diag.report.document import write_json_atomic
 from elastic_diag.report.session import DiagSession
 
 CGROUP_POLL_S = 0.25  # how often a live rank's cgroup is read (it may move itself into another)
+STALL_JOIN_S = 10.0  # the end of an attempt waits this long at most for a stall snapshot under way
 
 
 class ExitWatcher:
@@ -173,10 +176,19 @@ class AttemptCapture:
         self._kernel: dict[int, dict[str, Any]] = {}
         self._environment: threading.Thread | None = None
         self.environment: dict[str, Any] | None = None  # the snapshot, once taken
+        # one request for the ranks' stacks at a time: a stall snapshot's and a verdict's would read each other's
+        self.dump_lock = threading.Lock()
+        self.stalls = StallSnapshots(
+            attempt_dir=attempt.dir, attempt=attempt.attempt, node=node, stack_timeout_s=config.stack_timeout_s,
+            targets={w.local_rank: (w.rank, w.proc.pid, w.layout) for w in workers}, dump_lock=self.dump_lock,
+            decided=lambda: self.decided, exited=self.watcher.exited, warn=self.session.warnings.append, clock=clock,
+        )  # fmt: skip
         self.health: HealthMonitor | None = None
-        if config.hang_timeout_s != 0:
+        if config.monitored:
             files = {w.local_rank: w.layout.path(PROGRESS_FILE) for w in workers}
-            self.health = HealthMonitor(files, config.hang_timeout_s, exited=self.watcher.exited)
+            self.health = HealthMonitor(files, config.hang_timeout_s, exited=self.watcher.exited,
+                                        stall_timeout_s=config.stall_timeout_s, on_stall=self.stalls.on_stall,
+                                        on_stall_end=self.stalls.on_stall_end)  # fmt: skip
             self.health.start()
 
     # -- polling ----------------------------------------------------------------------------------
@@ -243,12 +255,13 @@ class AttemptCapture:
         self.alive_at_decision = alive
         self.decided_at = self._clock()
         silent = self._waiting_for(codes)  # alive with no exception of their own: where are they?
+        self.decided = True  # no stall snapshot starts from now on
         if silent:  # their stacks and flight recorders (the beacon; the faulthandler signal if it is silent)
             targets = {lr: (self.workers[lr].proc.pid, self.workers[lr].layout) for lr in silent}
             request = f"failure-{self.attempt.attempt}-{self.decided_at:.6f}"
-            self.stacks, _ = request_dumps(targets, self.config.stack_timeout_s, request, clock=self._monotonic,
-                                           sleep=self._sleep)  # fmt: skip
-        self.decided = True
+            with self.dump_lock:
+                self.stacks, _ = request_dumps(targets, self.config.stack_timeout_s, request, clock=self._monotonic,
+                                               sleep=self._sleep)  # fmt: skip
         evidence = self.evidence(final=False)
         self.diagnosis = classify_attempt(evidence)
         self.session.record_attempt(evidence, self.diagnosis, status="failed", final=False)
@@ -286,15 +299,16 @@ class AttemptCapture:
         self.decided_at = self._clock()
         targets = {lr: (self.workers[lr].proc.pid, self.workers[lr].layout) for lr in alive}
         timeout = max(self.config.stack_timeout_s, 1.0)
-        self.stacks, answered = request_dumps(targets, timeout, f"hang-{self.attempt.attempt}-{self.decided_at:.6f}",
-                                              clock=self._monotonic, sleep=self._sleep)  # fmt: skip
+        self.decided = True  # no stall snapshot starts from now on
+        request = f"hang-{self.attempt.attempt}-{self.decided_at:.6f}"
+        with self.dump_lock:
+            self.stacks, answered = request_dumps(targets, timeout, request, clock=self._monotonic, sleep=self._sleep)
         for lr in sorted(alive - answered):
             self.missing_evidence.append(
                 f"rank {self.workers[lr].rank}: its beacon did not answer the dump request within {timeout:.1f} s "
                 "(stack from the faulthandler signal, no fresh flight-recorder dump)"
             )
         native_stacks_of([(self.workers[lr].proc.pid, self.workers[lr].layout.dir) for lr in sorted(alive)])
-        self.decided = True
         evidence = self.evidence(final=False)
         self.diagnosis = classify_attempt(evidence)
         self.session.record_attempt(evidence, self.diagnosis, status="failed", final=False)
@@ -321,8 +335,9 @@ class AttemptCapture:
         stacks: dict[int, str] = {}
         if holdouts:
             targets = {lr: (self.workers[lr].proc.pid, self.workers[lr].layout) for lr in holdouts}
-            stacks, _ = request_dumps(targets, max(self.config.stack_timeout_s, 1.0), f"stop-{self._clock():.6f}",
-                                      clock=self._monotonic, sleep=self._sleep)  # fmt: skip
+            with self.dump_lock:
+                stacks, _ = request_dumps(targets, max(self.config.stack_timeout_s, 1.0), f"stop-{self._clock():.6f}",
+                                          clock=self._monotonic, sleep=self._sleep)  # fmt: skip
         ranks = []
         for lr in sorted(self.workers):
             w = self.workers[lr]
@@ -380,6 +395,7 @@ class AttemptCapture:
             decided_at=self.decided_at,
             hang=self.hang.to_json() if self.hang is not None else None,
             came_up=came_up,
+            stalls=self.stall_records,
         )
 
     def _alive_and_stopped(self, codes: dict[int, int | None], final: bool) -> tuple[set[int], set[int]]:
@@ -430,6 +446,10 @@ class AttemptCapture:
             kernel=kernel,
         )
 
+    @property
+    def stall_records(self) -> tuple[StallRecord, ...]:
+        return self.stalls.in_order()
+
     def finish(self, result: RunResult) -> RunResult:
         """After torch's teardown: final verdict and report, and torch's failure list corrected."""
         self.finished = True
@@ -437,11 +457,15 @@ class AttemptCapture:
             self.health.stop()
         self.tailer.stop()
         status: AttemptStatus = "succeeded" if result.state == WorkerState.SUCCEEDED else "failed"
+        self.stalls.join(STALL_JOIN_S)
         if status == "failed":
             self.start_environment_snapshot()  # torch saw the failure first: take it now
         if self._environment is not None:
             self._environment.join(timeout=ENVIRONMENT_BUDGET_S + 1.0)
         evidence = self.evidence(final=True)
+        with self.session.guard("settling the stalls' outcomes"):  # a failure that began in a stall came out of it
+            stalls = self.stalls.finish(failed=status == "failed", began=evidence.failure_began)
+            evidence = replace(evidence, stalls=stalls)
         self.final_evidence = evidence
         diagnosis = classify_attempt(evidence)
         self.diagnosis = diagnosis

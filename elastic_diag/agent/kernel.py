@@ -212,12 +212,13 @@ def remember_cgroups(pids: dict[int, int], known: dict[int, dict[str, str]],
     seen under a path is its baseline oom_kill count."""
     for key, pid in pids.items():
         paths = cgroup_paths(pid)
-        if not paths or not _running(pid):  # read after the exit: a zombie's cgroup is the root, not its own
+        if not paths or known.get(key) == paths:
             continue
-        if known.get(key) != paths:
-            known[key] = paths
-            with contextlib.suppress(Exception):
-                baseline[key] = memory_cgroup(paths)
+        if not _running(pid):  # read after the exit: a zombie's cgroup is the root, not its own
+            continue
+        known[key] = paths
+        with contextlib.suppress(Exception):
+            baseline[key] = memory_cgroup(paths)
 
 
 def _running(pid: int) -> bool:

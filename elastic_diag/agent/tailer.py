@@ -29,6 +29,7 @@ from elastic_diag.core.taxonomy import Taxonomy, load_taxonomy
 from elastic_diag.layout import FIRST_ERROR_FILE, STREAM_FILES
 
 POLL_S = 0.05
+IDLE_POLL_S = 0.2  # quiet streams are read less often: a line after a quiet spell is stamped up to this late
 DUTY = 9.0  # sleep this many times the last poll's duration: at most 10% of a core
 READ_BYTES = 1 << 20  # per stream and poll
 SKIP_AFTER = 8 << 20  # this far behind, jump ahead: the lines that matter are rare
@@ -41,6 +42,7 @@ class _Stream:
     path: Path
     scanner: ErrorScanner
     offset: int = 0
+    fd: int | None = None  # kept open: an fstat and a pread a poll, no path lookup
     partial: str = ""
     skipped: int = 0
     decoder: codecs.IncrementalDecoder = field(default_factory=lambda: codecs.getincrementaldecoder("utf-8")("replace"))
@@ -84,30 +86,37 @@ class StreamTailer:
         while not self._stop.wait(wait):
             start = time.monotonic()
             try:
-                self.poll()
+                read = self.poll()
             except Exception as e:  # never take the agent down; say it once
                 self.problems.append(f"the line clock stopped: {type(e).__name__}: {e}")
                 return
             # at most a tenth of a core: ranks that print a lot are read in larger, rarer gulps (and past
-            # SKIP_AFTER bytes behind, the tailer jumps ahead; the final read takes the end of each stream)
-            wait = max(self._poll_s, (time.monotonic() - start) * DUTY)
+            # SKIP_AFTER bytes behind, the tailer jumps ahead; the final read takes the end of each stream);
+            # while every stream is quiet the polls space out (each wake-up costs the agent CPU on a loaded host)
+            wait = max(self._poll_s, (time.monotonic() - start) * DUTY) if read else min(IDLE_POLL_S, wait * 2)
 
-    def poll(self, final: bool = False) -> None:
+    def poll(self, final: bool = False) -> int:
         """Read what every stream has gained; ``final``: the ranks have exited, so a last line with no
-        newline (a rank killed mid-line) counts too."""
+        newline (a rank killed mid-line) counts too. Returns the bytes read."""
+        read = 0
         with self._lock:
             now = self._clock()
             for key, streams in self._streams.items():
                 for s in streams:
-                    self._read(s, now, final)
+                    read += self._read(s, now, final)
                 self._write_first(key, final)
+            if final:  # the ranks have exited: nothing more will come
+                self._close()
+        return read
 
-    def _read(self, s: _Stream, now: float, final: bool) -> None:
+    def _read(self, s: _Stream, now: float, final: bool) -> int:
         try:
-            size = s.path.stat().st_size
+            if s.fd is None:
+                s.fd = os.open(s.path, os.O_RDONLY)
+            size = os.fstat(s.fd).st_size
         except OSError:
-            return
-        if size < s.offset:  # truncated or replaced: start over
+            return 0
+        if size < s.offset:  # truncated: start over
             s.offset, s.partial = 0, ""
         if size - s.offset > SKIP_AFTER:
             s.skipped += size - RESUME_BYTES - s.offset
@@ -115,12 +124,12 @@ class StreamTailer:
         data = b""
         if size > s.offset:
             try:
-                with open(s.path, "rb") as fp:
-                    fp.seek(s.offset)
-                    data = fp.read(min(READ_BYTES, size - s.offset))
+                data = os.pread(s.fd, min(READ_BYTES, size - s.offset), s.offset)
             except OSError:
-                return
+                return 0
             s.offset += len(data)
+        if not data and not (final and s.partial):
+            return 0
         text = s.partial + s.decoder.decode(data)
         parts = _SPLIT.split(text)
         s.partial = parts.pop()  # the line still being written
@@ -132,6 +141,15 @@ class StreamTailer:
             s.partial = ""
         for line in parts:
             s.scanner.feed(line, now)
+        return len(data)
+
+    def _close(self) -> None:
+        for streams in self._streams.values():
+            for s in streams:
+                if s.fd is not None:
+                    with contextlib.suppress(OSError):
+                        os.close(s.fd)
+                    s.fd = None
 
     def first_error(self, key: int) -> ErrorLine | None:
         """The rank's first own error on any of its streams (the earliest)."""

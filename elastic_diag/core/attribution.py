@@ -23,13 +23,16 @@ product's contract (docs/attribution.md, where each rule has the scenario that e
 8. ``missing_from_collective``: the peers entered a collective that one rank never entered.
 9. ``hang_alarm``: the health monitor's alarm names a rank past its own watch timeout.
 10. ``alive_outside_collective``: a rank was alive outside any collective while its peers waited.
-11. ``odd_location``: every failure is a symptom, and one rank's code was somewhere else than all
+11. ``outside_collective_at_stall``: the stall snapshot, taken while every rank was stuck and before any
+    teardown, saw a rank outside any collective while its peers waited in one (it has since died, been
+    stopped or entered the collective late).
+12. ``odd_location``: every failure is a symptom, and one rank's code was somewhere else than all
     its peers' (who agree).
-12. ``only_rank_without_error``: the one rank that neither failed nor reported a timeout.
-13. ``exited_while_peers_waited``: the one rank that exited 0 while its peers waited for it.
-14. ``schedules_disagree``: the flight recorders disagree at a collective with no majority (two
+13. ``only_rank_without_error``: the one rank that neither failed nor reported a timeout.
+14. ``exited_while_peers_waited``: the one rank that exited 0 while its peers waited for it.
+15. ``schedules_disagree``: the flight recorders disagree at a collective with no majority (two
     ranks, one against one): both sides, no rank named.
-15. ``no_rank_named``: the evidence names no rank; the summary says why.
+16. ``no_rank_named``: the evidence names no rank; the summary says why.
 
 How a decision becomes a Diagnosis (roles, summary, decisive lines) is :mod:`elastic_diag.core.naming`.
 Pure: no torch, no I/O, no clock.
@@ -335,6 +338,15 @@ def alive_outside_collective(ctx: Context) -> Diagnosis | None:
     return rank_verdict(ctx, outside[0], "") if outside else None
 
 
+def outside_collective_at_stall(ctx: Context) -> Diagnosis | None:
+    """The stall snapshot saw the rank outside any collective while its peers waited in one (core/stall.py)."""
+    stall = ctx.evidence.stall
+    if stall is None or not stall.waiting:
+        return None
+    outside = sorted(r.rank for r in stall.outside if r.rank in ctx.findings)
+    return rank_verdict(ctx, ctx.findings[outside[0]], "") if outside else None
+
+
 def odd_location(ctx: Context) -> Diagnosis | None:
     """With every failure a symptom: the one rank whose code was somewhere else than all its peers',
     which agree with each other (at least two of them)."""
@@ -453,6 +465,7 @@ RULES: tuple[Rule, ...] = (
     missing_from_collective,
     hang_alarm,
     alive_outside_collective,
+    outside_collective_at_stall,
     odd_location,
     only_rank_without_error,
     exited_while_peers_waited,

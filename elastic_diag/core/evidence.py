@@ -11,9 +11,12 @@ import math
 import re
 import signal
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from elastic_diag.core.flight_recorder import RankRecord
+
+if TYPE_CHECKING:
+    from elastic_diag.core.stall import StallRecord
 
 # Innermost frames in these parts of torch mean "inside a collective or waiting on one" (DDP's and
 # FSDP's collectives run inside autograd's backward, so a rank blocked there shows autograd frames).
@@ -320,3 +323,18 @@ class AttemptEvidence:
     decided_at: float | None = None
     hang: dict[str, Any] | None = None  # the health monitor's alarm: threshold_s, stalled_s, reason
     came_up: bool | None = None  # a collective completed on some rank (None: no beacon to tell)
+    stalls: tuple[StallRecord, ...] = ()  # the stalls the health monitor recorded (core/stall.py), in order
+
+    @property
+    def failure_began(self) -> float | None:
+        """When the first rank that failed by itself (not stopped by the launcher) began to fail."""
+        times = [t for ev in self.ranks if (ev.failed or ev.exception is not None) and not ev.stopped_by_agent
+                 and (t := ev.first_error_time) is not None]  # fmt: skip
+        return min(times, default=None)
+
+    @property
+    def stall(self) -> StallRecord | None:
+        """The stall under way when the attempt began to fail (its snapshot taken while the ranks were stuck)."""
+        from elastic_diag.core.stall import stall_at_failure
+
+        return stall_at_failure(self.stalls, self.failure_began)

@@ -12,12 +12,23 @@ from elastic_diag.core.context import Context
 from elastic_diag.core.evidence import AttemptEvidence, RankEvidence
 from elastic_diag.core.findings import RankFinding
 from elastic_diag.core.flight_recorder import Finding
+from elastic_diag.core.stall import stall_line
 from elastic_diag.core.taxonomy import Signature
 from elastic_diag.core.verdict import MAX_EVIDENCE_LINES, Diagnosis, Role, format_ranks, ranks_phrase, were
 
 
 def on_node(ev: RankEvidence) -> str:
     return f" on {ev.node}" if ev.node else ""
+
+
+def stall_where(ctx: Context, ev: RankEvidence) -> str | None:
+    """Where the stall snapshot saw the rank, outside any collective while its peers waited; None when it did
+    not (no stall under way when the attempt failed, or the rank was inside the collective)."""
+    stall = ctx.evidence.stall
+    seen = stall.rank(ev.rank) if stall is not None else None
+    if seen is None or seen.in_collective:
+        return None
+    return seen.where or "an unknown line (no stack)"
 
 
 def roles_of(ctx: Context, initiating: int | None) -> dict[int, Role]:
@@ -126,9 +137,12 @@ def rank_verdict(
     collateral_ranks = sorted(r for r, role in roles.items() if role == "collateral")
     exc = initiating.exception
     sig, cls, lines = _class_and_lines(ctx, initiating, ev, naming)
+    stall = evidence.stall
+    if stall is not None and (seen := stall_line(stall, ev.rank)) is not None:
+        lines.append(seen)
     for f in ctx.symptoms[:2]:
         lines.extend(f"rank {f.rank}: {line}" for line in f.lines[:1])
-    summary = _summary(ctx, initiating, ev, sig, cls, naming, roles, reason)
+    summary = _summary(ctx, initiating, ev, sig, cls, naming, roles, reason, stall_where(ctx, ev))
     schedule = ctx.schedule
     if schedule is not None and schedule.kind == "missing" and ev.rank in schedule.ranks:
         lines.append(schedule.summary)
@@ -170,18 +184,33 @@ def _class_and_lines(
         line = f"rank {ev.rank} never joined the process group" + (f"; it was at {frame}" if frame else "")
         return symptoms[0].signature, "rendezvous_timeout", [line]
     sig = ctx.taxonomy.get("hang-outside-collective")
+    if frame is None and (at_stall := stall_where(ctx, ev)) is not None:
+        if initiating.state in ("failed", "stopped") and initiating.hint == "collateral":
+            # it left that line and reached the collective after its peers had timed out there
+            sig = ctx.taxonomy.get("rank-outlasted-collective-timeout")
+        return sig, sig.failure_class, [f"rank {ev.rank} outside any collective at {at_stall} when its peers had "
+                                        "waited past the stall threshold (the stall snapshot)"]  # fmt: skip
     line = (f"rank {ev.rank} alive, main thread at {frame}" if frame else
             f"rank {ev.rank} reported no error of its own while its peers timed out (no stack was taken)")  # fmt: skip
     return sig, sig.failure_class, [line]
 
 
 def _what(
-    initiating: RankFinding, ev: RankEvidence, sig: Signature | None, cls: str, naming: tuple[Signature, str] | None
+    initiating: RankFinding,
+    ev: RankEvidence,
+    sig: Signature | None,
+    cls: str,
+    naming: tuple[Signature, str] | None,
+    at_stall: str | None = None,
 ) -> str:
     """What the rank did, as a summary's verb phrase: ``raised ValueError: ...``, ``was stuck outside ...``."""
     exc = initiating.exception
     if naming is not None:
         return f"is named by its peers: {sig.title if sig else cls}"
+    if sig is not None and sig.id == "rank-outlasted-collective-timeout":
+        return "was busy outside any collective"
+    if cls == "hang" and ev.stack is None and at_stall is not None:
+        return "was stuck outside any collective"
     if cls == "hang" and ev.stack is None:
         return "never reached the collective its peers waited in (it reported no error of its own)"
     if cls == "collective_desync" and sig is not None and sig.id == "ddp-unfinished-reduction":
@@ -209,14 +238,17 @@ def _what(
     }.get(cls, f"failed ({sig.title if sig else cls})")
 
 
-def _where(initiating: RankFinding, ev: RankEvidence, cls: str) -> str | None:
-    """The line of the rank's own code: its exception's (the user's frame first), or its stack's for a hang."""
+def _where(initiating: RankFinding, ev: RankEvidence, cls: str, at_stall: str | None = None) -> str | None:
+    """The line of the rank's own code: its exception's (the user's frame first), or its stack's for a hang
+    (the one taken at the stall when there is no later one)."""
     exc = initiating.exception
     loc = exc.location() if exc is not None and initiating.own else None
     if exc is not None and initiating.own and (user := exc.user_location()):
         loc = user
     if cls in ("hang", "rendezvous_timeout") and ev.stack is not None and ev.stack.user_frame() is not None:
         loc = str(ev.stack.user_frame())
+    elif cls == "hang" and ev.stack is None and at_stall is not None and not at_stall.startswith("an unknown"):
+        loc = at_stall
     return loc
 
 
@@ -229,14 +261,26 @@ def _summary(
     naming: tuple[Signature, str] | None,
     roles: dict[int, Role],
     reason: str,
+    at_stall: str | None = None,
 ) -> str:
     """The sentence a person reads first: the rank, what it did and where, then what its peers did."""
     exc = initiating.exception
-    loc = _where(initiating, ev, cls)
-    summary = f"Rank {ev.rank}{on_node(ev)} {_what(initiating, ev, sig, cls, naming)}" + (f" at {loc}" if loc else "")
+    loc = _where(initiating, ev, cls, at_stall)
+    what = _what(initiating, ev, sig, cls, naming, at_stall)
+    summary = f"Rank {ev.rank}{on_node(ev)} {what}" + (f" at {loc}" if loc else "")
     if exc is not None and exc.thread and initiating.own:
         summary += f" in thread {exc.thread!r}"
-    summary += ", while its peers waited." if cls == "hang" and ev.stack is not None else "."
+    if cls == "hang" and ev.stack is not None:
+        summary += ", while its peers waited."
+    elif sig is not None and sig.id == "rank-outlasted-collective-timeout":
+        summary += (
+            ", while its peers waited in the next collective (seen there by the stall snapshot); it reached "
+            "the collective only after their timeout had expired, and failed there on the lost peers."
+        )
+    elif cls == "hang" and at_stall is not None:
+        summary += ", while its peers waited (seen there by the stall snapshot, before any teardown)."
+    else:
+        summary += "."
     if initiating.own and initiating.printed and initiating.time is not None:
         lead = _lead(ctx, initiating)
         if initiating.state in ("alive", "stopped"):

@@ -28,9 +28,9 @@ VERIFY_SUFFIX = ".verify"
 # the switch's settings a relaunch under plain torchrun carries (not the diag dir: it gets its own; not
 # the variables of tests or of the ranks' own plumbing)
 SWITCH_SETTINGS = (ENV_SWITCH, settings.ENV_GRACE, settings.ENV_STACK_TIMEOUT, settings.ENV_HANG_TIMEOUT,
-                   settings.ENV_RESTART_POLICY, settings.ENV_VERIFY, settings.ENV_CHECKPOINT_DIR,
-                   settings.ENV_VERIFY_TIMEOUT, settings.ENV_CONFIG, settings.ENV_REQUEUE_EXIT_CODE,
-                   settings.ENV_TERMINATION_LOG, ENV_BEACON)  # fmt: skip
+                   settings.ENV_STALL_TIMEOUT, settings.ENV_RESTART_POLICY, settings.ENV_VERIFY,
+                   settings.ENV_CHECKPOINT_DIR, settings.ENV_VERIFY_TIMEOUT, settings.ENV_CONFIG,
+                   settings.ENV_REQUEUE_EXIT_CODE, settings.ENV_TERMINATION_LOG, ENV_BEACON)  # fmt: skip
 _REPLACED = {"torchrun-diag": ("--max-restarts", "--max_restarts", "--diag-dir"),
              "torchrun": ("--max-restarts", "--max_restarts")}  # fmt: skip
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,6 +16,7 @@ from typing import Any
 
 from elastic_diag import redaction
 from elastic_diag.core.evidence import AttemptEvidence, RankEvidence
+from elastic_diag.core.stall import stall_to_json
 from elastic_diag.core.verdict import AttemptStatus, Diagnosis
 from elastic_diag.core.verification import JobFacts, render_diagnosis
 from elastic_diag.layout import REPORT_SCHEMA
@@ -84,6 +86,8 @@ def attempt_entry(record: AttemptRecord, job: JobFacts | None = None) -> dict[st
         "decided_at": record.evidence.decided_at,
         **({"nodes": record.cluster} if record.cluster else {}),
         **({"environment": record.environment} if record.environment else {}),
+        # additive: the stalls the health monitor recorded, each with its snapshot (attempt_N/stall_K/)
+        **({"stalls": [stall_to_json(r) for r in record.evidence.stalls]} if record.evidence.stalls else {}),
     }
 
 
@@ -144,7 +148,7 @@ def build_report(
 def write_text_atomic(path: Path, text: str) -> None:
     """A temporary file, then ``os.replace``: a reader never sees half a file."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")  # threads write reports too
     tmp.write_text(redaction.current().text(text), encoding="utf-8")  # no secret of this process on disk
     os.replace(tmp, path)
 

@@ -75,12 +75,13 @@ class DiagSession:
         attempt_report = build_report(run_id=self.run_id, status=status, attempts=[record], node=self.node,
                                       diag_dir=str(self.config.diag_dir), job=self.job_now())  # fmt: skip
         self._write(self.config.diag_dir / attempt_dir_name(evidence.attempt) / REPORT_FILE, attempt_report)
-        self.write()
+        # a failed attempt's page at once (the launcher may be killed before the end); a healthy one's at the end
+        self.write(page=status == "failed")
 
     def internal_error(self, what: str, exc: BaseException) -> None:
         logger.warning("elastic_diag: error while %s: %r (the job is not affected)", what, exc, exc_info=exc)
         self.internal_errors.append(f"{what}: {type(exc).__name__}: {exc}")
-        self.write()
+        self.write(page=False)
 
     @contextlib.contextmanager
     def guard(self, what: str, on_error: Callable[[Exception], None] | None = None) -> Iterator[None]:
@@ -112,7 +113,7 @@ class DiagSession:
     def warn(self, warning: dict[str, Any]) -> None:
         """Something that deserves attention without having failed the run (a straggler)."""
         self.warnings.append(warning)
-        self.write()
+        self.write(page=False)
 
     def note(self, text: str) -> None:
         self.notes.append(text)
@@ -213,9 +214,13 @@ class DiagSession:
         latest = latest_checkpoint(self.config.checkpoint_dir)
         return replace(self.job, checkpoint=str(latest) if latest is not None else None)
 
-    def write(self) -> dict[str, Any]:
+    def write(self, *, page: bool = True) -> dict[str, Any]:
+        """report.json, and with ``page`` report.html (rendered once at the end of a healthy run, at every
+        verdict of a failed one; ``elastic-diag report DIR`` renders it from any report.json)."""
         report = self.report()
         self._write(self.report_path, report)
+        if not page:
+            return report
         try:  # the page a person opens, beside the JSON
             write_html(self.report_path.parent, report)
         except Exception as e:  # the job comes first; report.json is written

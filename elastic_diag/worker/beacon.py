@@ -132,7 +132,8 @@ class Beacon:
             self.stacks_file.flush()
         except (OSError, ValueError):
             pass
-        self.dump_flight_recorder("hang-request")
+        # the reason says who asked: hang-request, stall-request, failure-request, stop-request
+        self.dump_flight_recorder(f"{request_id.split('-', 1)[0]}-request")
         self._write(DUMP_DONE_FILE, {"id": request_id, "time": time.time()})
 
     def dump_flight_recorder(self, reason: str) -> None:
