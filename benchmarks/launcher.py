@@ -13,8 +13,9 @@ overhead: a healthy 4-rank CPU DDP run of examples/train_ddp.py under plain torc
 torchrun-diag, interleaved in ABBA order (plain, diag, diag, plain, ...) so that drift of the
 machine cancels, each rank appending its step times; the median step time after a warm-up of 5
 steps, per launcher, their ratio, and the ratio of the per-round medians' median. With
-``--against no-health`` the baseline is torchrun-diag itself with ``--diag-hang-timeout off`` (no
-health monitor in the agent, no progress beacon in the workers): the health monitor's own cost. The
+``--against no-health`` the baseline is torchrun-diag itself with ``--diag-hang-timeout off
+--diag-stall-timeout off`` (no health monitor in the agent, no progress beacon in the workers): the
+health monitor's own cost, stall watch included. The
 agent's own CPU time (all its threads, not its workers) is printed for each launcher.
 
 phases: the whole-run wall time of a short healthy DDP job (400 steps of a few ms: no step sleep,
@@ -84,7 +85,7 @@ def overhead(rounds: int, steps: int, width: int, against: str) -> None:
         launchers = {"torchrun": (["torch.distributed.run"], False), "torchrun-diag": (["elastic_diag.run"], True)}
     else:
         launchers = {
-            "diag, health off": (["elastic_diag.run", "--diag-hang-timeout", "off"], True),
+            "diag, health off": (["elastic_diag.run", "--diag-hang-timeout", "off", "--diag-stall-timeout", "off"], True),
             "torchrun-diag": (["elastic_diag.run"], True),
         }
     base, subject = list(launchers)
@@ -228,13 +229,39 @@ _CPU_SPLIT_WRAPPER = (
 _PHASE_LINE = re.compile(r"phase (start|joined|done) (\d+\.\d+)")
 
 
-def _timed_run(argv: list[str], steps: int, nproc: int, cpu_file: Path) -> dict[str, float]:
+def _watch_workers(pid: int, exits: dict[int, float], stop: threading.Event) -> None:
+    """The launcher's children (its workers) and the moment each one exits (a zombie, or gone)."""
+    while not stop.is_set():
+        try:
+            kids = {int(k) for t in os.listdir(f"/proc/{pid}/task")
+                    for k in Path(f"/proc/{pid}/task/{t}/children").read_text().split()}  # fmt: skip
+        except OSError:
+            kids = set()
+        for k in kids:
+            exits.setdefault(k, 0.0)
+        for k, t in list(exits.items()):
+            if t == 0.0:
+                try:
+                    state = Path(f"/proc/{k}/stat").read_text().rsplit(")", 1)[1].split()[0]
+                except (OSError, IndexError):
+                    state = "X"
+                if state in ("Z", "X"):
+                    exits[k] = time.time()
+        time.sleep(0.01)
+
+
+def _timed_run(argv: list[str], steps: int, nproc: int, cpu_file: Path, diag: Path | None = None) -> dict[str, float]:
     """One run of benchmarks/jobs/healthy_ddp.py; the phases from the times the ranks print (their
-    ``phase start/joined/done`` lines) and from the launcher's own start and exit, and the CPU seconds of
-    the launcher and of its workers."""
+    ``phase start/joined/done`` lines), the moments the worker processes exit and the launcher's own start
+    and exit; the CPU seconds of the launcher and of its workers, and (torchrun-diag) of each worker's
+    bootstrap and beacon thread, from its evidence folder."""
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     t0 = time.time()
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=ROOT)
+    exits: dict[int, float] = {}
+    stop = threading.Event()
+    watcher = threading.Thread(target=_watch_workers, args=(proc.pid, exits, stop), daemon=True)
+    watcher.start()
     marks: dict[str, list[float]] = {"start": [], "joined": [], "done": []}
     last_step = None
     assert proc.stdout is not None
@@ -245,28 +272,41 @@ def _timed_run(argv: list[str], steps: int, nproc: int, cpu_file: Path) -> dict[
             last_step = time.time()
     code = proc.wait()
     end = time.time()
-    if code != 0 or last_step is None or any(len(v) != nproc for v in marks.values()):
-        raise SystemExit(f"{argv[3]}: exit {code}, phase lines {marks}, last step line at {last_step}")
+    stop.set()
+    watcher.join()
+    worker_exits = [t for t in exits.values() if t > 0.0]
+    if code != 0 or last_step is None or any(len(v) != nproc for v in marks.values()) or len(worker_exits) < nproc:
+        raise SystemExit(f"{argv[3]}: exit {code}, phase lines {marks}, last step line at {last_step}, {exits}")
     launcher_cpu, workers_cpu = ast.literal_eval(cpu_file.read_text())
-    return {
+    out = {
         "start": min(marks["start"]) - t0,
         "rendezvous": max(marks["joined"]) - min(marks["start"]),
         "training": max(marks["done"]) - max(marks["joined"]),
-        "tail": end - max(marks["done"]),
+        "rank_exit": max(worker_exits) - max(marks["done"]),
+        "launcher_tail": end - max(worker_exits),
         "total": end - t0,
         "launcher_cpu": launcher_cpu,
         "worker_cpu": workers_cpu / nproc,
     }
+    if diag is not None:
+        boot = [json.loads(p.read_text()).get("bootstrap_cpu_s") for p in diag.glob("attempt_0/rank_*/worker.json")]
+        beacon = [json.loads(p.read_text()).get("beacon_cpu_s") for p in diag.glob("attempt_0/rank_*/progress.json")]
+        out["bootstrap_cpu"] = statistics.median(b for b in boot if isinstance(b, float))
+        out["beacon_cpu"] = statistics.median(b for b in beacon if isinstance(b, float))
+    return out
 
 
 PHASES = {
     "start": "launcher start -> first rank's first line",
     "rendezvous": "first rank's first line -> last rank joined",
     "training": "last rank joined -> last rank done",
-    "tail": "last rank done -> launcher exit",
+    "rank_exit": "last rank done -> last rank's process exit",
+    "launcher_tail": "last rank's exit -> launcher exit",
     "total": "whole run",
     "launcher_cpu": "launcher CPU seconds (all its threads)",
     "worker_cpu": "CPU seconds per worker",
+    "bootstrap_cpu": "  of which the bootstrap (median rank)",
+    "beacon_cpu": "  of which the beacon thread (median rank)",
 }
 
 
@@ -278,21 +318,26 @@ def phases(pairs: int, steps: int, nproc: int) -> None:
         cpu_file = Path(tmp) / "cpu.txt"
         wrapper = [sys.executable, "-c", _CPU_SPLIT_WRAPPER, str(cpu_file)]
         for i in range(pairs):
+            diag = Path(tmp) / f"run{i}"
             launchers = {
                 "torchrun": [*wrapper, "torch.distributed.run", *common, *job],
-                "torchrun-diag": [*wrapper, "elastic_diag.run", *common, "--diag-dir", f"{tmp}/run{i}", *job],
+                "torchrun-diag": [*wrapper, "elastic_diag.run", *common, "--diag-dir", str(diag), *job],
             }
             order = ["torchrun", "torchrun-diag"] if i % 2 == 0 else ["torchrun-diag", "torchrun"]
             for name in order:
-                results[name].append(_timed_run(launchers[name], steps, nproc, cpu_file))
+                results[name].append(_timed_run(launchers[name], steps, nproc, cpu_file,
+                                                diag if name == "torchrun-diag" else None))  # fmt: skip
             print(f"pair {i + 1}/{pairs}: " + ", ".join(f"{n} {results[n][-1]['total']:.2f} s" for n in order),
                   flush=True)  # fmt: skip
     ratios = [d["total"] / p["total"] for p, d in zip(results["torchrun"], results["torchrun-diag"], strict=True)]
     print(f"\n{nproc} ranks, {steps} steps, {pairs} interleaved pairs; medians, seconds")
     print(f"{'phase':<46}{'torchrun':>10}{'torchrun-diag':>15}{'diff':>8}")
     for key, label in PHASES.items():
-        a = statistics.median(r[key] for r in results["torchrun"])
         b = statistics.median(r[key] for r in results["torchrun-diag"])
+        if key not in results["torchrun"][0]:
+            print(f"{label:<46}{'':>10}{b:>15.3f}")
+            continue
+        a = statistics.median(r[key] for r in results["torchrun"])
         print(f"{label:<46}{a:>10.2f}{b:>15.2f}{b - a:>+8.2f}")
     print(f"median ratio of the whole run (per pair): {statistics.median(ratios):.3f} (target <= 1.02); "
           f"pairs: {', '.join(f'{r:.3f}' for r in ratios)}")  # fmt: skip

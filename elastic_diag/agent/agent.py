@@ -7,6 +7,10 @@ the group down, then has it refine the verdict after; when torch would restart, 
 
 Any error inside the diagnosis is recorded in the report (``DiagSession.guard``) and never changes
 what the job does.
+
+The capture's, the cluster's and the classifier's modules are imported when first used, once the ranks are
+started: every import before then delays the ranks' start by its full cost (the launcher is all the machine
+runs then), after it only by its share of the CPU the ranks use (benchmarks/launcher.py phases).
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from torch.distributed.elastic.agent.server.api import DEFAULT_ROLE, RunResult, WorkerGroup, WorkerState
 from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
@@ -28,19 +32,17 @@ from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
 from torch.distributed.elastic.rendezvous.api import RendezvousTimeoutError
 
 from elastic_diag._compat import worker_processes
-from elastic_diag.agent.capture import AttemptCapture, Worker
 from elastic_diag.agent.clock import skewed_clock
-from elastic_diag.agent.cluster import Cluster, StoreExchange
 from elastic_diag.agent.logs_specs import DiagLogsSpecs
-from elastic_diag.agent.restart import RestartGate, resume_env
 from elastic_diag.config import ENV_REQUEUE_EXIT_CODE, host_name
-from elastic_diag.core.classify import classify_attempt
 from elastic_diag.core.evidence import AttemptEvidence, RankEvidence
-from elastic_diag.core.merge import node_label
 from elastic_diag.errors import EXIT_FAILED, EXIT_SIGNALLED
 from elastic_diag.layout import read_exception
 from elastic_diag.report.session import DiagSession
-from elastic_diag.report.summary import print_summary
+
+if TYPE_CHECKING:
+    from elastic_diag.agent.capture import AttemptCapture
+    from elastic_diag.agent.cluster import Cluster
 
 logger = logging.getLogger(__name__)
 
@@ -55,12 +57,14 @@ class DiagAgent(LocalElasticAgent):
         self._capture: AttemptCapture | None = None
         self._node = host_name()
         self._clock = skewed_clock()
-        self._restart_gate = RestartGate(session)
+        self._restart_gate: Any = None  # agent/restart.py's RestartGate, built when torch would first restart
         self._stopped_by: int | None = None  # the signal that stopped the launcher from outside
         self._stop_taken = False  # the ranks' answer to it is recorded once
         session.pass_through = (SignalException,)  # a stop from outside is not an internal error
 
     def run(self, role: str = DEFAULT_ROLE) -> RunResult:
+        from elastic_diag.report.summary import print_summary
+
         try:
             result: RunResult = super().run(role)
         except SignalException as e:  # torch has passed the signal on to the workers and stopped them
@@ -135,6 +139,9 @@ class DiagAgent(LocalElasticAgent):
         return pids
 
     def _new_capture(self, worker_group: WorkerGroup) -> AttemptCapture | None:
+        from elastic_diag.agent.capture import AttemptCapture, Worker
+        from elastic_diag.core.merge import node_label
+
         procs = worker_processes(self._pcontext)
         specs = self._logs_specs
         if not procs or not isinstance(specs, DiagLogsSpecs) or specs.current is None:
@@ -154,6 +161,8 @@ class DiagAgent(LocalElasticAgent):
 
     def _join_cluster(self, worker_group: WorkerGroup, attempt: int, node: str) -> Cluster | None:
         """Several nodes: say who is where, and measure this node's clock against the leader's."""
+        from elastic_diag.agent.cluster import Cluster, StoreExchange
+
         group_rank, world = worker_group.group_rank or 0, worker_group.group_world_size or 1
         with self._session.guard("joining the other nodes through the rendezvous store"):
             exchange = StoreExchange(worker_group.store, self._session.run_id, clock=self._clock)
@@ -207,7 +216,11 @@ class DiagAgent(LocalElasticAgent):
     def _gate(self, worker_group: WorkerGroup) -> None:
         """Torch would restart now: the restart gate decides; either the restart happens (with the resume
         variables for the next attempt's ranks) or the run ends."""
+        from elastic_diag.agent.restart import RestartGate, resume_env  # the gate's modules: only when asked
+
         attempt = self._attempt(worker_group)
+        if self._restart_gate is None:
+            self._restart_gate = RestartGate(self._session)
         gate, diagnosis = self._restart_gate.decide(
             attempt, nproc=worker_group.spec.local_world_size, nodes=worker_group.group_world_size or 1,
             group_rank=worker_group.group_rank or 0, store=worker_group.store,
@@ -222,6 +235,8 @@ class DiagAgent(LocalElasticAgent):
 
     def _verdict_from_failures(self, worker_group: WorkerGroup, result: RunResult) -> None:
         """No live capture this attempt: the verdict from exit codes and error files only."""
+        from elastic_diag.core.classify import classify_attempt
+
         restart_count = worker_group.spec.max_restarts - self._remaining_restarts
         evidence = evidence_from_failures(restart_count, result.failures, worker_group, self._node)
         self._session.note(f"attempt {restart_count}: verdict from exit codes only (no evidence folder)")

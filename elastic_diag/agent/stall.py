@@ -22,6 +22,8 @@ warning; when the attempt fails instead, the capture hands the records to the ve
 
 from __future__ import annotations
 
+import contextlib
+import shutil
 import threading
 import time
 from collections.abc import Callable
@@ -142,7 +144,8 @@ class StallSnapshots:
         fr = read_json(layout.path(FR_FILE), STALL_FR_MAX_BYTES)
         if fr is None or not isinstance(fr.get("time"), int | float) or fr["time"] < asked_at:
             return None
-        write_json_atomic(out / FR_FILE, fr)
+        with contextlib.suppress(OSError):  # the beacon's file as it wrote it (the next dump replaces the original)
+            shutil.copyfile(layout.path(FR_FILE), out / FR_FILE)
         return pending_collective(fr.get("trace"))
 
     def _record(self, stall: Stall, taken: Any, snapshot: str, took: float | None = None) -> StallRecord:

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from elastic_diag.core.classify import classify_attempt
@@ -33,6 +33,7 @@ from elastic_diag.core.evidence import (
     exception_to_json,
     parse_stack_dump,
 )
+from elastic_diag.core.stall import StallRecord, stall_from_json, stall_to_json
 from elastic_diag.core.verdict import Diagnosis, Role, as_role
 from elastic_diag.layout import NODE_RECORD_SCHEMA, NODE_VERDICT_SCHEMA
 
@@ -101,7 +102,30 @@ def record_of(evidence: AttemptEvidence, *, node: str, group_rank: int, offset: 
         "decided_at": _shift(evidence.decided_at, offset),
         "hang": evidence.hang,
         "ranks": ranks,
+        # additive: this node's stall under way when the attempt began to fail (core/stall.py), on the leader's clock
+        "stall": _stall_json(evidence.stall, offset),
     }
+
+
+def _stall_json(stall: StallRecord | None, offset: float) -> dict[str, Any] | None:
+    if stall is None:
+        return None
+    return stall_to_json(replace(stall, since=stall.since + offset, detected_at=stall.detected_at + offset,
+                                 ended_at=_shift(stall.ended_at, offset)))  # fmt: skip
+
+
+def merged_stall(stalls: list[StallRecord]) -> StallRecord | None:
+    """The nodes' records of the stall the attempt failed in, as one: every node saw its own ranks (the one that
+    held the others outside the collective, the rest waiting in it)."""
+    if not stalls:
+        return None
+    ended = [s.ended_at for s in stalls]
+    return StallRecord(
+        number=stalls[0].number, node=", ".join(s.node for s in stalls), since=min(s.since for s in stalls),
+        detected_at=min(s.detected_at for s in stalls), threshold_s=min(s.threshold_s for s in stalls),
+        ranks=tuple(sorted((r for s in stalls for r in s.ranks), key=lambda r: r.rank)),
+        ended_at=None if None in ended else max(e for e in ended if e is not None), outcome="failed",
+    )  # fmt: skip
 
 
 def parse_record(raw: bytes | str) -> dict[str, Any]:
@@ -196,6 +220,7 @@ def merge(
     ranks: list[RankEvidence] = []
     decided = []
     hang = None
+    stalls: list[StallRecord] = []
     for g in sorted(records):
         rec = records[g]
         node = str(rec.get("node") or f"node {g}")
@@ -207,6 +232,8 @@ def merge(
         if isinstance(rec.get("decided_at"), int | float):
             decided.append(rec["decided_at"])
         hang = hang or rec.get("hang")
+        if (stall := stall_from_json(rec.get("stall"))) is not None:
+            stalls.append(stall)
     missing = [g for g in range(world) if g not in records]
     for g in missing:  # the lost nodes' ranks, known from the hello each agent published at start
         hello = hellos.get(g) or {}
@@ -214,8 +241,10 @@ def merge(
             if isinstance(r, int):
                 ranks.append(RankEvidence(rank=r, local_rank=i, node=str(hello.get("node") or f"node {g}"),
                                           notes=("its node did not report",)))  # fmt: skip
+    stall = merged_stall(stalls)
     evidence = AttemptEvidence(attempt=attempt, ranks=tuple(sorted(ranks, key=lambda e: e.rank)),
-                               decided_at=min(decided) if decided else None, hang=hang)  # fmt: skip
+                               decided_at=min(decided) if decided else None, hang=hang,
+                               stalls=(stall,) if stall is not None else ())  # fmt: skip
     nodes = [str(records[g].get("node")) for g in sorted(records)]
     if missing:
         return Merge(_lost_nodes(missing, hellos, evidence), evidence, nodes, missing, list(problems))

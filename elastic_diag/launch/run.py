@@ -178,6 +178,12 @@ def run_plain_torchrun(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _print_summary(report: dict[str, object], path: str) -> None:
+    from elastic_diag.report.summary import print_summary  # loaded after the run, not before the ranks start
+
+    print_summary(report, path)
+
+
 def run_diagnosed(args: argparse.Namespace, argv: Sequence[str] | None = None) -> int:
     # torch is in (the parser is torchrun's): what it built lives as long as the launcher, so the collector
     # need not walk it again and again (a full collection over torch's objects takes 0.1 to 0.2 s here;
@@ -190,12 +196,10 @@ def run_diagnosed(args: argparse.Namespace, argv: Sequence[str] | None = None) -
 
     from elastic_diag.agent.agent import defer_stop_signals
     from elastic_diag.config import DiagConfig
-    from elastic_diag.core.classify import classify_launch_error
     from elastic_diag.gate.policy import load_policy
     from elastic_diag.launch.launcher import launch_agent
     from elastic_diag.launch.relaunch import job_facts
     from elastic_diag.launch.setup import open_session
-    from elastic_diag.report.summary import print_summary
 
     _check_script(args)
     config = DiagConfig.resolve(
@@ -242,7 +246,7 @@ def run_diagnosed(args: argparse.Namespace, argv: Sequence[str] | None = None) -
             except Exception as copy_error:
                 session.internal_error("copying the root cause into the launcher's error file", copy_error)
         print(str(e), file=sys.stderr)
-        print_summary(report, str(session.report_path))
+        _print_summary(report, str(session.report_path))
         code = session.exit_status({"refused": EXIT_RESTART_REFUSED, "verification_failed": EXIT_VERIFY_FAILED}
                                    .get(session.gate_outcome or "", EXIT_FAILED))  # fmt: skip
         if session.requeue is not None:
@@ -251,13 +255,15 @@ def run_diagnosed(args: argparse.Namespace, argv: Sequence[str] | None = None) -
         return code
     except SignalException as e:  # scancel, a time limit, preemption, an eviction, Ctrl-C
         report = session.finish_stopped(e.sigval)
-        print_summary(report, str(session.report_path))
+        _print_summary(report, str(session.report_path))
         defer_stop_signals(exiting=True)  # a late repeat of the signal must not turn exit 143 into a kill
         return EXIT_SIGNALLED + int(e.sigval)
     except BaseException as e:
+        from elastic_diag.core.classify import classify_launch_error
+
         text = "".join(traceback.format_exception(e))
         report = session.finish("failed", launch_diagnosis=classify_launch_error(text, context=session.launch_context))
-        print_summary(report, str(session.report_path))
+        _print_summary(report, str(session.report_path))
         if session.exit_status(EXIT_FAILED) != EXIT_FAILED and session.requeue is not None:  # a rendezvous timeout
             traceback.print_exception(e)
             print(f"torchrun-diag: exit {session.exit_status(EXIT_FAILED)}: requeue: {session.requeue.reason}",
@@ -265,7 +271,7 @@ def run_diagnosed(args: argparse.Namespace, argv: Sequence[str] | None = None) -
             return session.exit_status(EXIT_FAILED)
         raise
     report = session.finish("succeeded")
-    print_summary(report, str(session.report_path))
+    _print_summary(report, str(session.report_path))
     return EXIT_OK
 
 

@@ -24,7 +24,6 @@ from elastic_diag.core.verdict import AttemptStatus, Diagnosis, RunStatus, stopp
 from elastic_diag.core.verification import JobFacts
 from elastic_diag.layout import PROGRESS_FILE, REPORT_FILE, attempt_dir_name, latest_checkpoint, read_progress
 from elastic_diag.report.document import AttemptRecord, build_report, write_json_atomic
-from elastic_diag.report.html import write_html
 from elastic_diag.report.termination import termination_message, write_termination_message
 
 logger = logging.getLogger(__name__)
@@ -221,6 +220,9 @@ class DiagSession:
         self._write(self.report_path, report)
         if not page:
             return report
+        # the page's modules load with the first page (the run's end, or a failure), not before the ranks start
+        from elastic_diag.report.html import write_html
+
         try:  # the page a person opens, beside the JSON
             write_html(self.report_path.parent, report)
         except Exception as e:  # the job comes first; report.json is written

@@ -195,8 +195,9 @@ def _drop_boot_path_from_env() -> None:
         os.environ.pop("PYTHONPATH", None)
 
 
-def install(rank_dir: str) -> None:
-    """Install the hooks for this rank; idempotent, and silent on failure (the job comes first)."""
+def install(rank_dir: str, cpu_at_start: float | None = None) -> None:
+    """Install the hooks for this rank; idempotent, and silent on failure (the job comes first).
+    ``cpu_at_start``: the process's CPU time when the bootstrap began (worker.json says what it cost)."""
     if _state:
         return
     os.makedirs(rank_dir, exist_ok=True)
@@ -225,6 +226,8 @@ def install(rank_dir: str) -> None:
             "start_time": _now(),
             "argv": redaction.redact_argv(sys.argv),
             "executable": sys.executable,
+            # the bootstrap's own cost, its imports included (benchmarks/launcher.py phases reads it)
+            "bootstrap_cpu_s": round(time.process_time() - cpu_at_start, 4) if cpu_at_start is not None else None,
         },
     )
 
@@ -236,11 +239,11 @@ def _at_exit(b: beacon.Beacon) -> None:
             b.at_exit("exit")
 
 
-def install_from_env() -> None:
+def install_from_env(cpu_at_start: float | None = None) -> None:
     rank_dir = os.environ.get(ENV_RANK_DIR)
     if not rank_dir:
         return
     try:
-        install(rank_dir)
+        install(rank_dir, cpu_at_start)
     except Exception as e:  # report, never break the worker
         print(f"elastic_diag: worker bootstrap failed, rank evidence will be partial: {e!r}", file=sys.stderr)

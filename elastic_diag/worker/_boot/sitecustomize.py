@@ -4,9 +4,13 @@ Installs the worker bootstrap, then imports the ``sitecustomize`` this interpret
 imported without us, so nothing of the environment's own start-up is lost.
 """
 
-import importlib.util
-import os
-import sys
+import time
+
+_CPU_AT_START = time.process_time()
+
+import importlib.util  # noqa: E402  (the clock first: the bootstrap's cost includes these imports)
+import os  # noqa: E402
+import sys  # noqa: E402
 
 
 def _chain_to_original() -> None:
@@ -30,5 +34,5 @@ try:
 except Exception as e:  # the package is not importable from this interpreter: run without evidence
     print(f"elastic_diag: worker bootstrap unavailable: {e!r}", file=sys.stderr)
 else:
-    install_from_env()
+    install_from_env(_CPU_AT_START)
 _chain_to_original()
