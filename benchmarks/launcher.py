@@ -85,7 +85,10 @@ def overhead(rounds: int, steps: int, width: int, against: str) -> None:
         launchers = {"torchrun": (["torch.distributed.run"], False), "torchrun-diag": (["elastic_diag.run"], True)}
     else:
         launchers = {
-            "diag, health off": (["elastic_diag.run", "--diag-hang-timeout", "off", "--diag-stall-timeout", "off"], True),
+            "diag, health off": (
+                ["elastic_diag.run", "--diag-hang-timeout", "off", "--diag-stall-timeout", "off"],
+                True,
+            ),
             "torchrun-diag": (["elastic_diag.run"], True),
         }
     base, subject = list(launchers)

@@ -180,8 +180,8 @@ CASES: list[Scenario] = [
     Scenario("monitored_barrier_names_rank.py", 3, 2, "hang", None, "named_by_peers"),
     Scenario("watch_timeout_eval.py", 3, 2, "hang", None, "hang_alarm"),
     # -- stalls: the health monitor's snapshot while the ranks are stuck; nothing is stopped for it --------
-    # rank 0's 8 s checkpoint save, its peers in the barrier after it (collective timeout 300 s): no kill, a warning
-    Scenario("slow_checkpoint_save.py", 3, None, "healthy", returncode=0,
+    # rank 0's 7 s checkpoint save, its peers in the barrier after it (collective timeout 300 s): no kill, a warning
+    Scenario("slow_checkpoint_save.py", 3, None, "healthy", returncode=0, env={"SCENARIO_SAVE_SECONDS": "7"},
              check=_stall_saw(0, "in save_checkpoint", warned=True)),
     # the same save, 9 s, outlasts a 6 s collective timeout: by the verdict rank 0 has entered the barrier and
     # failed there like its peers; only the snapshot taken 2 s into the stall saw where it had been
@@ -190,7 +190,7 @@ CASES: list[Scenario] = [
              check=_outlasted_the_timeout),
     # a gradient hook blocks rank 1 inside its backward; its peers wait in FSDP2's reduce-scatter
     Scenario("fsdp2_grad_hook_blocks.py", 3, 1, "hang", None, "missing_from_collective",
-             flags=("--diag-stall-timeout", "2", "--diag-hang-timeout", "8"),
+             flags=("--diag-stall-timeout", "2", "--diag-hang-timeout", "6"),
              check=_stall_saw(1, "fsdp2_grad_hook_blocks.py", warned=False)),
     Scenario("nan_batch_clip_error.py", 3, 1, "nan_inf", "RuntimeError", "nonfinite_first"),
     Scenario("nan_grads_finite_loss.py", 2, None, "nan_inf", None, "own_failure_first",

@@ -181,7 +181,8 @@ class AttemptCapture:
         self.stalls = StallSnapshots(
             attempt_dir=attempt.dir, attempt=attempt.attempt, node=node, stack_timeout_s=config.stack_timeout_s,
             targets={w.local_rank: (w.rank, w.proc.pid, w.layout) for w in workers}, dump_lock=self.dump_lock,
-            decided=lambda: self.decided, exited=self.watcher.exited, warn=self.session.warnings.append, clock=clock,
+            decided=lambda: self.decided or self.finished, exited=self.watcher.exited,
+            warn=self.session.warnings.append, clock=clock,
         )  # fmt: skip
         self.health: HealthMonitor | None = None
         if config.monitored:

@@ -9,7 +9,8 @@ collective. The snapshot runs in a thread of its own, so the monitor goes on wat
    signal, which writes its stack from C;
 2. the stacks and a copy of each flight recorder go to ``attempt_N/stall_K/rank_R/``, then
    ``stall_K/stall.json`` (:mod:`elastic_diag.core.stall`): that file on disk means the evidence is;
-3. py-spy's native stacks, where installed, within ``NATIVE_STACKS_S``; stall.json again.
+3. py-spy's native stacks, where installed, within ``NATIVE_STACKS_S``, of the ranks outside the collective
+   and of those whose beacon was silent (py-spy stops a rank for the time of its dump); stall.json again.
 
 Bounded: one snapshot per stall, at most one every ``STALL_SPACING_S`` (the monitor's rule), the dumps
 within twice the stack timeout, py-spy within its deadline, each stack at most 256 KiB and each flight
@@ -128,8 +129,12 @@ class StallSnapshots:
         finally:
             self._dump_lock.release()
         record = self._record(stall, (stacks, answered, collectives), "taken", took)
-        pids = [(self.targets[lr][1], folder / rank_dir_name(self.targets[lr][0])) for lr in sorted(live)]
-        if native_stacks_of(pids):  # py-spy pauses each rank for the time of its dump: after the record is on disk
+        # py-spy stops a rank for the time of its native dump (0.8 s measured: benchmarks/stall.py snapshot-cost),
+        # so only where native frames tell what the Python stack cannot: the ranks outside the collective (what
+        # holds the others) and those whose beacon was silent (the GIL held in native code); after the record
+        held = [lr for lr in sorted(live) if lr in stall.outside or lr not in answered]
+        pids = [(self.targets[lr][1], folder / rank_dir_name(self.targets[lr][0])) for lr in held]
+        if native_stacks_of(pids):
             self._rewrite(stall.number)
         return record
 

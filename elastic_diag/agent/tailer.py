@@ -28,7 +28,7 @@ from elastic_diag.core.evidence import ErrorLine
 from elastic_diag.core.taxonomy import Taxonomy, load_taxonomy
 from elastic_diag.layout import FIRST_ERROR_FILE, STREAM_FILES
 
-POLL_S = 0.05
+POLL_S = 0.1  # a line is stamped within this of its arrival (each wake-up costs the agent CPU on a loaded host)
 IDLE_POLL_S = 0.2  # quiet streams are read less often: a line after a quiet spell is stamped up to this late
 DUTY = 9.0  # sleep this many times the last poll's duration: at most 10% of a core
 READ_BYTES = 1 << 20  # per stream and poll

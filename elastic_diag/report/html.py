@@ -26,6 +26,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from elastic_diag.core.stall import stall_from_json, stall_summary
 from elastic_diag.core.verdict import format_ranks
 from elastic_diag.layout import HTML_FILE, REPORT_FILE
 from elastic_diag.report.document import write_text_atomic
@@ -321,6 +322,23 @@ def _gate(gate: Any) -> str:
     return f"<h3>Restart gate</h3><p><b>{_e(gate.get('decision'))}</b>: {_e(gate.get('reason'))}</p>{table}"
 
 
+def _stalls(a: dict[str, Any]) -> list[str]:
+    """The attempt's stalls: who held whom, how long, what became of it, where the snapshot is."""
+    out = []
+    for data in _list(a.get("stalls")):
+        record = stall_from_json(data)
+        if record is None:
+            continue
+        became = {"resumed": "The job went on", "ended": "It lasted until the ranks exited",
+                  "failed": "The attempt failed in it: the verdict's evidence", "open": "Under way"}  # fmt: skip
+        out.append(
+            f'<p class="warn">Stall {record.number} (nothing was stopped for it): {_e(stall_summary(record))}. '
+            f"{_e(became.get(record.outcome, record.outcome))}; snapshot {_e(record.snapshot)}, in "
+            f"<code>attempt_{_e(a.get('attempt'))}/stall_{record.number}/</code>.</p>"
+        )
+    return out
+
+
 def _attempt(a: dict[str, Any], n_attempts: int, top_initiating: int | None) -> str:
     d = _dict(a.get("diagnosis"))
     rows = rank_rows(_list(a.get("ranks")), num(a.get("decided_at")))
@@ -347,6 +365,7 @@ def _attempt(a: dict[str, Any], n_attempts: int, top_initiating: int | None) -> 
             f'<p class="warn">Health monitor: {_e(hang.get("reason"))} (no progress for '
             f"{_e(hang.get('stalled_s'))} s, threshold {_e(hang.get('threshold_s'))} s)</p>"
         )
+    out.extend(_stalls(a))
     if rows:
         grouped = len(groups) < len(rows)
         out.append(f"<h3>Timeline{' (ranks with the same story share a row)' if grouped else ''}</h3>")
