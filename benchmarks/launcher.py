@@ -294,8 +294,9 @@ def _timed_run(argv: list[str], steps: int, nproc: int, cpu_file: Path, diag: Pa
     if diag is not None:
         boot = [json.loads(p.read_text()).get("bootstrap_cpu_s") for p in diag.glob("attempt_0/rank_*/worker.json")]
         beacon = [json.loads(p.read_text()).get("beacon_cpu_s") for p in diag.glob("attempt_0/rank_*/progress.json")]
-        out["bootstrap_cpu"] = statistics.median(b for b in boot if isinstance(b, float))
-        out["beacon_cpu"] = statistics.median(b for b in beacon if isinstance(b, float))
+        for key, values in (("bootstrap_cpu", boot), ("beacon_cpu", beacon)):  # no beacon with the monitors off
+            if measured := [v for v in values if isinstance(v, float)]:
+                out[key] = statistics.median(measured)
     return out
 
 
@@ -336,7 +337,9 @@ def phases(pairs: int, steps: int, nproc: int) -> None:
     print(f"\n{nproc} ranks, {steps} steps, {pairs} interleaved pairs; medians, seconds")
     print(f"{'phase':<46}{'torchrun':>10}{'torchrun-diag':>15}{'diff':>8}")
     for key, label in PHASES.items():
-        b = statistics.median(r[key] for r in results["torchrun-diag"])
+        if not (diag_values := [r[key] for r in results["torchrun-diag"] if key in r]):
+            continue
+        b = statistics.median(diag_values)
         if key not in results["torchrun"][0]:
             print(f"{label:<46}{'':>10}{b:>15.3f}")
             continue

@@ -125,6 +125,9 @@ def inject_now(kind: str, step: int, mark_file: str | None = None, model: Any = 
     if kind == "disk-full":  # a real write to a full device: torch.save's own error
         torch.save(model.state_dict() if model is not None else {"step": step}, "/dev/full")
     if kind == "port-conflict":  # a second store on the job's own master port, as a stray server would
+        # (not as one of the job's ranks: with torchrun's shared store, TORCHELASTIC_USE_AGENT_STORE makes torch
+        # ignore a rank's failed bind on that port)
+        os.environ.pop("TORCHELASTIC_USE_AGENT_STORE", None)
         dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=True,
                       timeout=timedelta(seconds=10))  # fmt: skip
     if kind == "hang":

@@ -29,14 +29,13 @@ import threading
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from torch.distributed.elastic.agent.server.api import RunResult, WorkerState
 from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
 
 from elastic_diag import redaction
 from elastic_diag.agent.clock import Clock, Sleep
-from elastic_diag.agent.cluster import Cluster, global_verdict
 from elastic_diag.agent.dumps import POLL_S, native_stacks_of, request_dumps
 from elastic_diag.agent.environment import BUDGET_S as ENVIRONMENT_BUDGET_S
 from elastic_diag.agent.environment import take_snapshot
@@ -45,7 +44,6 @@ from elastic_diag.agent.kernel import kernel_log_oom_lines, oom_evidence, rememb
 from elastic_diag.agent.stall import StallSnapshots
 from elastic_diag.agent.tailer import StreamTailer
 from elastic_diag.config import DiagConfig
-from elastic_diag.core.classify import classify_attempt, straggler_warnings
 from elastic_diag.core.environment import environment_findings
 from elastic_diag.core.evidence import AttemptEvidence, RankEvidence, as_seconds, parse_stack_dump
 from elastic_diag.core.flight_recorder import RankRecord
@@ -74,6 +72,18 @@ from elastic_diag.layout import (
 )
 from elastic_diag.report.document import write_json_atomic
 from elastic_diag.report.session import DiagSession
+
+if TYPE_CHECKING:
+    from elastic_diag.agent.cluster import Cluster
+
+
+def _classify(evidence: AttemptEvidence) -> Diagnosis:
+    """The classifier's modules load when a verdict is first needed, after the ranks have started: not
+    in the seconds before the spawn, nor beside the ranks' own imports (python benchmarks/launcher.py phases)."""
+    from elastic_diag.core.classify import classify_attempt
+
+    return classify_attempt(evidence)
+
 
 CGROUP_POLL_S = 0.25  # how often a live rank's cgroup is read (it may move itself into another)
 STALL_JOIN_S = 10.0  # the end of an attempt waits this long at most for a stall snapshot under way
@@ -264,7 +274,7 @@ class AttemptCapture:
                 self.stacks, _ = request_dumps(targets, self.config.stack_timeout_s, request, clock=self._monotonic,
                                                sleep=self._sleep)  # fmt: skip
         evidence = self.evidence(final=False)
-        self.diagnosis = classify_attempt(evidence)
+        self.diagnosis = _classify(evidence)
         self.session.record_attempt(evidence, self.diagnosis, status="failed", final=False)
         self.start_environment_snapshot()
         return self.diagnosis
@@ -311,7 +321,7 @@ class AttemptCapture:
             )
         native_stacks_of([(self.workers[lr].proc.pid, self.workers[lr].layout.dir) for lr in sorted(alive)])
         evidence = self.evidence(final=False)
-        self.diagnosis = classify_attempt(evidence)
+        self.diagnosis = _classify(evidence)
         self.session.record_attempt(evidence, self.diagnosis, status="failed", final=False)
         self.start_environment_snapshot()
         self.stop_group()
@@ -468,7 +478,9 @@ class AttemptCapture:
             stalls = self.stalls.finish(failed=status == "failed", began=evidence.failure_began)
             evidence = replace(evidence, stalls=stalls)
         self.final_evidence = evidence
-        diagnosis = classify_attempt(evidence)
+        from elastic_diag.core.classify import straggler_warnings
+
+        diagnosis = _classify(evidence)
         self.diagnosis = diagnosis
         for problem in self.problems:
             self.session.note(f"attempt {self.attempt.attempt}: missing evidence: {problem}")
@@ -477,6 +489,8 @@ class AttemptCapture:
         self.session.record_attempt(evidence, diagnosis, status=status, final=True, environment=self.environment)
         if self.cluster is not None and status == "failed":
             with self.session.guard("merging the other nodes' records (the local verdict stands)"):
+                from elastic_diag.agent.cluster import global_verdict
+
                 diagnosis = global_verdict(self.cluster, self.session, attempt=self.attempt.attempt, node=self.node,
                                            evidence=evidence, local=diagnosis, status=status)  # fmt: skip
         if status == "failed" and diagnosis.initiating_rank is not None:

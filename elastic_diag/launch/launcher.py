@@ -43,7 +43,12 @@ def launch_agent(
     if not config.run_id:
         config.run_id = str(uuid.uuid4().int)
     session.run_id = config.run_id
-    os.environ.setdefault(ENV_DISABLE_SHARED_STORE, "1")
+    if config.max_restarts > 0 or config.min_nodes != config.max_nodes:
+        # a restart (or a membership change, which restarts the workers) through the shared rendezvous
+        # store fails in Gloo connectFullMesh in torch 2.13; a run with no restart keeps the shared store,
+        # whose absence costs every rank 0.3 to 0.5 s of TCPStore connect retries at start
+        # (python benchmarks/launcher.py phases: "first rank's first line -> last rank joined")
+        os.environ.setdefault(ENV_DISABLE_SHARED_STORE, "1")
 
     _get_addr_and_port, _get_entrypoint_name = launcher_helpers()
     entrypoint_name = _get_entrypoint_name(entrypoint, args)
