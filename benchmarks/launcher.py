@@ -36,12 +36,14 @@ import ast
 import json
 import os
 import re
+import shutil
 import statistics
 import subprocess
 import sys
 import tempfile
 import threading
 import time
+from collections import deque
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -267,8 +269,10 @@ def _timed_run(argv: list[str], steps: int, nproc: int, cpu_file: Path, diag: Pa
     watcher.start()
     marks: dict[str, list[float]] = {"start": [], "joined": [], "done": []}
     last_step = None
+    tail: deque[str] = deque(maxlen=40)
     assert proc.stdout is not None
     for line in proc.stdout:
+        tail.append(line)
         for what, when in _PHASE_LINE.findall(line):  # two ranks' lines can share one console line
             marks[what].append(float(when))
         if f"step {steps - 1} loss" in line:
@@ -279,7 +283,12 @@ def _timed_run(argv: list[str], steps: int, nproc: int, cpu_file: Path, diag: Pa
     watcher.join()
     worker_exits = [t for t in exits.values() if t > 0.0]
     if code != 0 or last_step is None or any(len(v) != nproc for v in marks.values()) or len(worker_exits) < nproc:
-        raise SystemExit(f"{argv[3]}: exit {code}, phase lines {marks}, last step line at {last_step}, {exits}")
+        kept = ""
+        if diag is not None and diag.is_dir():  # the evidence outlives the benchmark's temporary folder
+            kept = shutil.copytree(diag, Path(tempfile.mkdtemp(prefix="phases-failed-")) / "diag")
+            kept = f", evidence kept in {kept}"
+        raise SystemExit(f"{' '.join(argv[3:5])}: exit {code}, phase lines {marks}, last step line at {last_step}, "
+                         f"worker exits {exits}{kept}; its last lines:\n{''.join(tail)}")  # fmt: skip
     launcher_cpu, workers_cpu = ast.literal_eval(cpu_file.read_text())
     out = {
         "start": min(marks["start"]) - t0,
