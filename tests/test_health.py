@@ -336,6 +336,9 @@ def test_the_automatic_stall_threshold(tmp_path):
     write(files[0], steps=2, step_durations=[0.1])
     mon.check()
     assert mon.stall_threshold() == STALL_START_S  # before the warm-up (a slow first step is no stall)
+    write(files[0], steps=3, step_durations=[0.1, 0.1])
+    mon.check()
+    assert mon.stall_threshold() == STALL_FLOOR_S and mon.threshold() == AUTO_START_S  # 3 steps seen: a stall's
     write(files[0], steps=10, step_durations=[0.1] * 9)
     mon.check()
     assert mon.stall_threshold() == STALL_FLOOR_S

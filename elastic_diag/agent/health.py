@@ -147,8 +147,9 @@ class HealthMonitor:
         self._thread: threading.Thread | None = None
 
     # -- the decision ------------------------------------------------------------------------------
-    def _median_step(self) -> float | None:
-        durations = [d for st in self.ranks.values() if st.steps > WARMUP_STEPS for d in st.durations[-10:]]
+    def _median_step(self, seen: int = WARMUP_STEPS + 1) -> float | None:
+        """The median of the last steps of the ranks that have made at least ``seen`` steps."""
+        durations = [d for st in self.ranks.values() if st.steps >= seen for d in st.durations[-10:]]
         return statistics.median(durations) if durations else None
 
     def threshold(self) -> float:
@@ -160,7 +161,7 @@ class HealthMonitor:
     def stall_threshold(self) -> float:
         if self.stall_fixed is not None:
             return self.stall_fixed
-        median = self._median_step()
+        median = self._median_step(WARMUP_STEPS)  # once 3 steps are seen: a hang at step 3 is a stall in 5 s
         return STALL_START_S if median is None else max(STALL_FLOOR_S, STALL_FACTOR * median)
 
     def observe(self, rank: int, data: dict[str, Any] | None, now: float) -> None:
