@@ -285,8 +285,8 @@ def _timed_run(argv: list[str], steps: int, nproc: int, cpu_file: Path, diag: Pa
     if code != 0 or last_step is None or any(len(v) != nproc for v in marks.values()) or len(worker_exits) < nproc:
         kept = ""
         if diag is not None and diag.is_dir():  # the evidence outlives the benchmark's temporary folder
-            kept = shutil.copytree(diag, Path(tempfile.mkdtemp(prefix="phases-failed-")) / "diag")
-            kept = f", evidence kept in {kept}"
+            copy = shutil.copytree(diag, Path(tempfile.mkdtemp(prefix="phases-failed-")) / "diag")
+            kept = f", evidence kept in {copy}"
         raise SystemExit(f"{' '.join(argv[3:5])}: exit {code}, phase lines {marks}, last step line at {last_step}, "
                          f"worker exits {exits}{kept}; its last lines:\n{''.join(tail)}")  # fmt: skip
     launcher_cpu, workers_cpu = ast.literal_eval(cpu_file.read_text())

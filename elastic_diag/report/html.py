@@ -322,6 +322,10 @@ def _gate(gate: Any) -> str:
     return f"<h3>Restart gate</h3><p><b>{_e(gate.get('decision'))}</b>: {_e(gate.get('reason'))}</p>{table}"
 
 
+_STALL_BECAME = {"resumed": "The job went on", "ended": "It lasted until the ranks exited",
+                 "failed": "The attempt failed in it: the verdict's evidence", "open": "Under way"}  # fmt: skip
+
+
 def _stalls(a: dict[str, Any]) -> list[str]:
     """The attempt's stalls: who held whom, how long, what became of it, where the snapshot is."""
     out = []
@@ -329,11 +333,9 @@ def _stalls(a: dict[str, Any]) -> list[str]:
         record = stall_from_json(data)
         if record is None:
             continue
-        became = {"resumed": "The job went on", "ended": "It lasted until the ranks exited",
-                  "failed": "The attempt failed in it: the verdict's evidence", "open": "Under way"}  # fmt: skip
         out.append(
             f'<p class="warn">Stall {record.number} (nothing was stopped for it): {_e(stall_summary(record))}. '
-            f"{_e(became.get(record.outcome, record.outcome))}; snapshot {_e(record.snapshot)}, in "
+            f"{_e(_STALL_BECAME.get(record.outcome, record.outcome))}; snapshot {_e(record.snapshot)}, in "
             f"<code>attempt_{_e(a.get('attempt'))}/stall_{record.number}/</code>.</p>"
         )
     return out
