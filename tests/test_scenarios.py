@@ -164,6 +164,11 @@ CASES: list[Scenario] = [
                check=_healthy_with_steps, env={"SCENARIO_FAIL_RANK": "-1", "SCENARIO_OUT": "{tmp}/hf"})
       for script in ("lightning_training_step_error.py", "accelerate_loop_error.py",
                      "transformers_trainer_dataset_error.py")),
+    # a user's Lightning callback on rank 0 spends 4 s writing a snapshot to slow storage while its peers wait
+    # in the next batch's gradient all-reduce: healthy, one stall warning naming rank 0 and the callback
+    Scenario("lightning_slow_callback_save.py", 2, None, "healthy", returncode=0,
+             flags=("--diag-stall-timeout", "2"), env={"SCENARIO_OUT": "{tmp}"},
+             check=_stall_saw(0, "in on_train_batch_end", warned=True)),
     # -- collectives called with other sizes or dtypes by one rank (gloo kills the RECEIVER of too much) --
     Scenario("allgather_ragged_eval.py", 3, 2, "collective_mismatch", None, "schedule_parted"),
     Scenario("all_gather_into_tensor_bank.py", 3, 2, "collective_mismatch", None, "schedule_parted"),
