@@ -35,6 +35,7 @@ import argparse
 import ast
 import json
 import os
+import random
 import re
 import shutil
 import statistics
@@ -56,6 +57,15 @@ def _run(argv: list[str], timeout: float = 300) -> int:
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     return subprocess.run(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env, timeout=timeout,
                           cwd=ROOT).returncode  # fmt: skip
+
+
+def _median_interval(values: list[float], level: float = 0.9, resamples: int = 4000) -> tuple[float, float]:
+    """A bootstrap interval of the median (percentile method, a fixed seed): how far the noise of a
+    two-core machine running four ranks leaves the median of per-round ratios uncertain."""
+    rng = random.Random(0)
+    medians = sorted(statistics.median(rng.choices(values, k=len(values))) for _ in range(resamples))
+    cut = int(resamples * (1 - level) / 2)
+    return medians[cut], medians[-cut - 1]
 
 
 def _step_times(path: Path) -> list[float]:
@@ -125,6 +135,12 @@ def overhead(rounds: int, steps: int, width: int, against: str) -> None:
     print(f"overhead ratio ({subject} / {base}), all steps: {ratio:.4f}  (target <= {target})")
     round_ratio = statistics.median(per_round[subject]) / statistics.median(per_round[base])
     print(f"overhead ratio, median of per-round medians: {round_ratio:.4f}")
+    paired = [s / b for s, b in zip(per_round[subject], per_round[base], strict=True)]
+    low, high = _median_interval(paired)
+    print(
+        f"per-round ratios: {', '.join(f'{r:.3f}' for r in paired)}; median {statistics.median(paired):.4f}, "
+        f"90% bootstrap interval {low:.4f}..{high:.4f}"
+    )
     for name in launchers:
         print(f"launcher process CPU ({name}): median {statistics.median(cpu[name]):.2f} s per run")
 
@@ -354,8 +370,9 @@ def phases(pairs: int, steps: int, nproc: int) -> None:
             continue
         a = statistics.median(r[key] for r in results["torchrun"])
         print(f"{label:<46}{a:>10.2f}{b:>15.2f}{b - a:>+8.2f}")
-    print(f"median ratio of the whole run (per pair): {statistics.median(ratios):.3f} (target <= 1.02); "
-          f"pairs: {', '.join(f'{r:.3f}' for r in ratios)}")  # fmt: skip
+    low, high = _median_interval(ratios)
+    print(f"median ratio of the whole run (per pair): {statistics.median(ratios):.3f} (target <= 1.02), "
+          f"90% bootstrap interval {low:.3f}..{high:.3f}; pairs: {', '.join(f'{r:.3f}' for r in ratios)}")  # fmt: skip
 
 
 def main() -> None:

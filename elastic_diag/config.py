@@ -41,6 +41,7 @@ DEFAULT_RUNS_DIR = "elastic_diag_runs"
 DIAG_DIR_MAX_MODE = 0o750  # a new diag dir is never wider than this
 DEFAULT_GRACE_S = 5.0
 DEFAULT_STACK_TIMEOUT_S = 2.0
+PROGRESS_INTERVAL_S = 2.0  # the beacons' tick when no short threshold is set
 DEFAULT_TAIL_LINES = 40
 
 
@@ -268,6 +269,15 @@ class DiagConfig:
         """Whether the health monitor runs (and so the ranks' progress beacons): a hang verdict or a stall
         snapshot is on."""
         return self.hang_timeout_s != 0 or self.stall_timeout_s != 0
+
+    @property
+    def progress_interval_s(self) -> float:
+        """How often each rank's beacon rewrites progress.json: every 2 s (each wake-up of a thread in every rank
+        costs a loaded host; ``benchmarks/launcher.py overhead``), more often under a short threshold the user
+        set, so that a rank making progress always shows it well within the threshold. A dump request does
+        not wait for the next tick (the beacon's FIFO wakes it)."""
+        fixed = [t for t in (self.hang_timeout_s, self.stall_timeout_s) if t]
+        return min([PROGRESS_INTERVAL_S, *(max(0.1, t / 5) for t in fixed)])
 
     def check_writable(self) -> None:
         """Create the diag dir and prove it writable, or raise a UsageError naming it."""

@@ -76,6 +76,7 @@ NCCL_TRACE_PREFIX = "nccl_trace_rank_"
 NONFINITE_FILE = "nonfinite.json"
 DUMP_REQUEST_FILE = "dump.request"
 DUMP_DONE_FILE = "dump.done"
+DUMP_WAKE_FILE = "dump.wake"  # a FIFO the beacon waits on: a dump request wakes it at once (removed at exit)
 PYSPY_FILE = "pyspy.txt"
 FIRST_ERROR_FILE = "first_error.json"
 ROOT_CAUSE_FILE = "root_cause.json"
@@ -88,7 +89,7 @@ ENVIRONMENT_FILE = (
 
 # a rank folder reused (the same --diag-dir again) starts without the last run's records
 STALE_FILES = (EXCEPTION_FILE, ERROR_FILE, STACKS_FILE, PROGRESS_FILE, FR_FILE, NONFINITE_FILE, DUMP_REQUEST_FILE,
-               DUMP_DONE_FILE, PYSPY_FILE, THREAD_EXCEPTION_FILE, FIRST_ERROR_FILE)  # fmt: skip
+               DUMP_DONE_FILE, DUMP_WAKE_FILE, PYSPY_FILE, THREAD_EXCEPTION_FILE, FIRST_ERROR_FILE)  # fmt: skip
 
 
 def attempt_dir_name(attempt: int) -> str:

@@ -27,6 +27,19 @@ EXAMPLE = ROOT / "examples" / "train_ddp.py"
 PLACEHOLDER = re.compile(r"<[a-z][a-z-]*>")
 
 
+def worker_env(rank_dir: Path, extra_path: str = "") -> dict[str, str]:
+    """The environment the launcher gives a rank: its evidence folder and the bootstrap first on PYTHONPATH."""
+    from elastic_diag import layout
+    from elastic_diag.agent.logs_specs import BOOT_DIR
+
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env[layout.ENV_RANK_DIR] = str(rank_dir)
+    env[layout.ENV_BOOT_PATH] = BOOT_DIR
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (BOOT_DIR, extra_path) if p)
+    env["TORCHELASTIC_ERROR_FILE"] = str(rank_dir / "error.json")
+    return env
+
+
 def commands(report: dict[str, Any]) -> list[str]:
     """Every command a report prints for a person to run: verify (the run's and each attempt's), resume."""
     found = [report["diagnosis"].get("verify")]

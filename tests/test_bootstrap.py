@@ -10,19 +10,11 @@ import sys
 import time
 from pathlib import Path
 
+from helpers import worker_env
+
 from elastic_diag import layout
-from elastic_diag.agent.logs_specs import BOOT_DIR
 from elastic_diag.core.evidence import parse_stack_dump
 from elastic_diag.worker import bootstrap
-
-
-def worker_env(rank_dir: Path, extra_path: str = "") -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    env[layout.ENV_RANK_DIR] = str(rank_dir)
-    env[layout.ENV_BOOT_PATH] = BOOT_DIR
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (BOOT_DIR, extra_path) if p)
-    env["TORCHELASTIC_ERROR_FILE"] = str(rank_dir / "error.json")
-    return env
 
 
 def test_uncaught_exception_is_recorded_with_precise_time(tmp_path):

@@ -40,3 +40,60 @@ def test_a_huge_stack_file_is_read_bounded(tmp_path: Path):
     (tmp_path / "stacks.txt").write_text("Thread 0x1 (most recent call first):\n" + frames)
     text = read_stack_since(tmp_path, 0)
     assert len(text.encode()) <= STACK_BYTES
+
+
+def test_a_dump_request_wakes_a_beacon_that_ticks_rarely(tmp_path: Path):
+    """A real rank whose beacon ticks once a minute answers a dump request at once (its FIFO wakes it),
+    removes its FIFO when it exits, and the agent then finds nobody to wake."""
+    import subprocess
+    import sys
+    import time
+
+    from helpers import worker_env
+
+    from elastic_diag.agent.dumps import request_dumps, wake_beacon
+    from elastic_diag.layout import DUMP_WAKE_FILE, ENV_PROGRESS_INTERVAL, RankLayout
+
+    rank_dir = tmp_path / "r"
+    script = tmp_path / "s.py"
+    script.write_text("import sys, time\nprint('ready', flush=True)\nsys.stdin.readline()\n")
+    env = {**worker_env(rank_dir), ENV_PROGRESS_INTERVAL: "60"}
+    proc = subprocess.Popen([sys.executable, str(script)], env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            text=True)  # fmt: skip
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
+        assert (rank_dir / DUMP_WAKE_FILE).is_fifo()
+        t0 = time.monotonic()
+        stacks, answered = request_dumps({0: (proc.pid, RankLayout(rank=0, local_rank=0, dir=rank_dir))}, 10.0, "r-1")
+        took = time.monotonic() - t0
+        assert answered == {0}, "the beacon did not answer: it was not woken"
+        assert took < 2.0  # not the 60 s tick
+        assert "readline" in stacks[0] or "<module>" in stacks[0]
+        assert proc.stdin is not None
+        proc.stdin.write("\n")
+        proc.stdin.close()
+        assert proc.wait(timeout=30) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        if proc.stdout is not None:
+            proc.stdout.close()
+    assert not (rank_dir / DUMP_WAKE_FILE).exists()  # the rank took its FIFO with it
+    assert wake_beacon(rank_dir) is False
+
+
+def test_the_fifo_of_a_killed_rank_is_removed_and_wakes_nobody(tmp_path: Path):
+    import os
+
+    from elastic_diag.agent.dumps import remove_wake_fifos, wake_beacon
+    from elastic_diag.layout import DUMP_WAKE_FILE
+
+    os.mkfifo(tmp_path / DUMP_WAKE_FILE)
+    assert wake_beacon(tmp_path) is False  # no reader: ENXIO, not a blocked agent
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / DUMP_WAKE_FILE).write_text("a regular file is not ours to remove")
+    remove_wake_fifos([tmp_path, tmp_path / "other", tmp_path / "missing"])
+    assert not (tmp_path / DUMP_WAKE_FILE).exists()
+    assert (tmp_path / "other" / DUMP_WAKE_FILE).read_text().startswith("a regular")
+    assert wake_beacon(tmp_path / "other") is False

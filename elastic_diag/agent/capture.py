@@ -36,7 +36,7 @@ from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
 
 from elastic_diag import redaction
 from elastic_diag.agent.clock import Clock, Sleep
-from elastic_diag.agent.dumps import POLL_S, native_stacks_of, request_dumps
+from elastic_diag.agent.dumps import POLL_S, native_stacks_of, remove_wake_fifos, request_dumps
 from elastic_diag.agent.environment import BUDGET_S as ENVIRONMENT_BUDGET_S
 from elastic_diag.agent.environment import take_snapshot
 from elastic_diag.agent.health import HangAlarm, HealthMonitor
@@ -469,6 +469,7 @@ class AttemptCapture:
         self.tailer.stop()
         status: AttemptStatus = "succeeded" if result.state == WorkerState.SUCCEEDED else "failed"
         self.stalls.join(STALL_JOIN_S)
+        remove_wake_fifos([w.layout.dir for w in self.workers.values()])
         if status == "failed":
             self.start_environment_snapshot()  # torch saw the failure first: take it now
         if self._environment is not None:

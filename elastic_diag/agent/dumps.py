@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import stat
 import subprocess
 import sys
 import threading
@@ -18,6 +19,7 @@ from elastic_diag.agent.clock import Clock, Sleep
 from elastic_diag.layout import (
     DUMP_DONE_FILE,
     DUMP_REQUEST_FILE,
+    DUMP_WAKE_FILE,
     PYSPY_FILE,
     RankLayout,
     read_json,
@@ -80,6 +82,8 @@ def request_dumps(
             pending.add(k)
         except OSError:
             pass
+        else:
+            wake_beacon(layout.dir)
     answered: set[int] = set()
     deadline = clock() + timeout
     while pending and clock() < deadline:
@@ -94,6 +98,34 @@ def request_dumps(
     if silent:  # the beacon thread never ran (the GIL held in C, or no bootstrap): faulthandler's signal
         stacks.update(dump_stacks(silent, timeout, clock=clock, sleep=sleep))
     return stacks, answered
+
+
+def wake_beacon(rank_dir: Path) -> bool:
+    """Wake the rank's beacon thread now (a byte into its FIFO), rather than at its next tick; False when
+    there is no FIFO or nobody reads it (the rank is gone): the request file waits for the next tick."""
+    path = rank_dir / DUMP_WAKE_FILE
+    try:
+        if not stat.S_ISFIFO(os.stat(path).st_mode):
+            return False
+        fd = os.open(path, os.O_WRONLY | os.O_NONBLOCK)  # ENXIO: no reader
+    except OSError:
+        return False
+    try:
+        os.write(fd, b"!")
+        return True
+    except OSError:  # full: a wake-up is already pending
+        return True
+    finally:
+        os.close(fd)
+
+
+def remove_wake_fifos(rank_dirs: list[Path]) -> None:
+    """The FIFOs of ranks that did not remove their own (killed): not left in the evidence folder."""
+    for d in rank_dirs:
+        path = d / DUMP_WAKE_FILE
+        with contextlib.suppress(OSError):
+            if stat.S_ISFIFO(os.lstat(path).st_mode):
+                path.unlink()
 
 
 def find_py_spy() -> str | None:

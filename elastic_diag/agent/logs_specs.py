@@ -58,6 +58,7 @@ class DiagLogsSpecs(LogsSpecs):
         self.current: AttemptLayout | None = None  # the layout of the attempt being started, if any
         self.errors: list[str] = []  # failures to lay out the evidence; drained by the agent
         self.extra_env: dict[str, str] = {}  # the restart gate's resume variables for the next attempt
+        self.rank_env: dict[str, str] = {}  # the beacon's settings (launch/setup.py); the launcher's own win
 
     @classmethod
     def replacing(cls, old: object, diag_dir: str | os.PathLike[str]) -> DiagLogsSpecs:
@@ -135,7 +136,7 @@ class DiagLogsSpecs(LogsSpecs):
             dest.error_files[local_rank] = error_file
 
             env[ENV_TORCHELASTIC_ERROR_FILE] = error_file
-            for key, value in flight_recorder_env(rank_dir).items():
+            for key, value in {**flight_recorder_env(rank_dir), **self.rank_env}.items():
                 env.setdefault(key, os.environ.get(key, value))
             env[ENV_RANK_DIR] = str(rank_dir)
             env[ENV_ATTEMPT] = str(attempt)

@@ -220,8 +220,6 @@ def run_diagnosed(args: argparse.Namespace, argv: Sequence[str] | None = None) -
     )
     load_policy(config.restart_policy)  # a usage error before anything starts (open_session loads it again)
     config.check_writable()
-    if not config.monitored:  # neither a hang verdict nor a stall snapshot: nothing reads the ranks' progress
-        os.environ.setdefault("ELASTIC_DIAG_BEACON", "0")  # the workers inherit it: no beacon thread, no hooks
     _prepare_rdzv(args)
     try:
         launch_config, cmd, cmd_args = config_from_args(args)

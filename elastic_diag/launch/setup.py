@@ -15,6 +15,7 @@ from elastic_diag.agent.logs_specs import DiagLogsSpecs
 from elastic_diag.config import ENV_TERMINATION_LOG, DiagConfig
 from elastic_diag.core.verification import JobFacts
 from elastic_diag.gate.policy import load_policy
+from elastic_diag.layout import ENV_BEACON, ENV_PROGRESS_INTERVAL
 from elastic_diag.report.session import DiagSession
 from elastic_diag.report.termination import termination_log_problem
 
@@ -42,4 +43,10 @@ def open_session(
     if problem is not None:
         logger.warning("elastic_diag: %s", problem)
         session.note(problem)
-    return session, DiagLogsSpecs.replacing(logs_specs, config.diag_dir)
+    specs = DiagLogsSpecs.replacing(logs_specs, config.diag_dir)
+    # the beacon's settings for the ranks of this launch (the user's own variables win)
+    if config.monitored:
+        specs.rank_env = {ENV_PROGRESS_INTERVAL: f"{config.progress_interval_s:g}"}
+    else:  # neither a hang verdict nor a stall snapshot: nothing reads the ranks' progress
+        specs.rank_env = {ENV_BEACON: "0"}  # no beacon thread, no hooks
+    return session, specs

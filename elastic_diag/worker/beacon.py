@@ -1,7 +1,9 @@
 """Worker side of the health monitor: a progress beacon and a dump responder in every rank.
 
 Started by the worker bootstrap (no change to the training script). A daemon thread wakes every
-``ELASTIC_DIAG_PROGRESS_INTERVAL`` seconds (default 0.5) and:
+``ELASTIC_DIAG_PROGRESS_INTERVAL`` seconds (the launcher sets it: 2 s, less under a short threshold the
+user set; see ``DiagConfig.progress_interval_s``), or at once when the agent writes to its FIFO
+(``dump.wake``, after a dump request), and:
 
 * writes ``progress.json`` in the rank's evidence folder: optimizer steps (a global optimizer
   step hook) and the durations of the last ones, ``loss.backward()`` calls, explicit
@@ -29,6 +31,7 @@ import faulthandler
 import json
 import math
 import os
+import select
 import sys
 import threading
 import time
@@ -39,6 +42,7 @@ from typing import Any
 from elastic_diag.layout import (
     DUMP_DONE_FILE,
     DUMP_REQUEST_FILE,
+    DUMP_WAKE_FILE,
     ENV_BEACON,
     ENV_NO_TORCH_HOOKS,
     ENV_PROGRESS_INTERVAL,
@@ -49,6 +53,7 @@ from elastic_diag.layout import (
 )
 
 ENV_INTERVAL = ENV_PROGRESS_INTERVAL
+DEFAULT_INTERVAL_S = 2.0  # without the launcher's setting (the bootstrap installed by hand)
 STEP_HISTORY = 32
 
 
@@ -76,14 +81,35 @@ class Beacon:
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self._run, name="elastic-diag-beacon", daemon=True)
         self.thread_cpu_s = 0.0  # the beacon thread's own CPU time so far
+        self.wake_path = os.path.join(rank_dir, DUMP_WAKE_FILE)
+        self.wake_fd: int | None = None  # the FIFO the thread waits on (None: it only sleeps)
 
     # -- the thread --------------------------------------------------------------------------------
     def start(self) -> None:
+        self.wake_fd = _open_wake(self.wake_path)
         self.thread.start()
+
+    def _wait(self) -> bool:
+        """Sleep one interval, or less if the agent wakes the thread (a dump request); True: stop."""
+        fd = self.wake_fd
+        if fd is None:
+            return self.stop.wait(self.interval)
+        try:
+            ready, _, _ = select.select([fd], [], [], self.interval)
+            if ready:
+                os.read(fd, 4096)
+        except (OSError, ValueError):  # the FIFO went away: plain sleeps from now on
+            self.wake_fd = None
+        return self.stop.is_set()
+
+    def close_wake(self) -> None:
+        """The FIFO out of the evidence folder (the agent removes it too, for a rank that was killed)."""
+        with contextlib.suppress(OSError):
+            os.unlink(self.wake_path)
 
     def _run(self) -> None:
         failures = 0
-        while not self.stop.wait(self.interval):
+        while not self._wait():
             try:
                 self.tick()
                 failures = 0
@@ -252,6 +278,18 @@ class Beacon:
                 os.unlink(tmp)
 
 
+def _open_wake(path: str) -> int | None:
+    """The beacon's FIFO, opened for reading and writing (so that it never reads as closed while no agent
+    has it open) and not blocking; None where a FIFO cannot be made (the thread then only sleeps)."""
+    try:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
+        os.mkfifo(path, 0o600)
+        return os.open(path, os.O_RDWR | os.O_NONBLOCK)
+    except (OSError, AttributeError):
+        return None
+
+
 def _where(frame: Any) -> str:
     return f"{frame.f_code.co_filename}:{frame.f_lineno} in {frame.f_code.co_name}"
 
@@ -295,9 +333,9 @@ def start(rank_dir: str, stacks_file: Any) -> Beacon:
     launcher sets 0 with ``--diag-hang-timeout off``; the flight recorder is still written at exit)."""
     global _beacon
     try:
-        interval = float(os.environ.get(ENV_INTERVAL, "") or 0.5)
+        interval = float(os.environ.get(ENV_INTERVAL, "") or DEFAULT_INTERVAL_S)
     except ValueError:
-        interval = 0.5
+        interval = DEFAULT_INTERVAL_S
     _beacon = Beacon(rank_dir, max(0.05, interval), stacks_file)
     if os.environ.get(ENV_BEACON, "1") != "0":
         _beacon.start()

@@ -237,6 +237,7 @@ def _at_exit(b: beacon.Beacon) -> None:
         b.stop.set()
         with contextlib.suppress(Exception):
             b.at_exit("exit")
+        b.close_wake()
 
 
 def install_from_env(cpu_at_start: float | None = None) -> None:
