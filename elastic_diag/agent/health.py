@@ -1,6 +1,7 @@
 """The agent's health monitor: a timer thread that calls a hang long before the collective timeout.
 
-Every rank's progress beacon (:mod:`elastic_diag.worker.beacon`) rewrites ``progress.json`` twice a second.
+Every rank's progress beacon (:mod:`elastic_diag.worker.beacon`) rewrites ``progress.json`` every 2 s (more
+often under a short threshold the user set: ``DiagConfig.progress_interval_s``).
 The monitor reads them on its own timer and keeps, per rank, the last time its progress changed:
 optimizer steps, ``loss.backward()`` calls, heartbeats, a watched section, or the sequence numbers
 of its collectives. A hang is called when NO running rank has made progress for the threshold while
@@ -46,7 +47,7 @@ AUTO_FACTOR = 10.0
 AUTO_FLOOR_S = 60.0
 AUTO_START_S = 600.0
 WARMUP_STEPS = 3
-POLL_S = 0.5  # the beacons write twice a second: reading more often finds nothing new
+POLL_S = 0.5  # a rank's progress is seen at most this long after its beacon wrote it
 STALL_FACTOR = 3.0
 STALL_FLOOR_S = 5.0
 STALL_START_S = 30.0

@@ -96,10 +96,12 @@ class Beacon:
             return self.stop.wait(self.interval)
         try:
             ready, _, _ = select.select([fd], [], [], self.interval)
-            if ready:
-                os.read(fd, 4096)
-        except (OSError, ValueError):  # the FIFO went away: plain sleeps from now on
+        except (OSError, ValueError):  # the descriptor is no longer valid: plain sleeps from now on
             self.wake_fd = None
+            return self.stop.is_set()
+        if ready:
+            with contextlib.suppress(OSError):  # drained: one wake-up however many bytes were written
+                os.read(fd, 4096)
         return self.stop.is_set()
 
     def close_wake(self) -> None:
