@@ -12,7 +12,8 @@ time of one beacon tick (progress.json written, flight-recorder status read).
 overhead: a healthy 4-rank CPU DDP run of examples/train_ddp.py under plain torchrun and under
 torchrun-diag, interleaved in ABBA order (plain, diag, diag, plain, ...) so that drift of the
 machine cancels, each rank appending its step times; the median step time after a warm-up of 5
-steps, per launcher, their ratio, and the ratio of the per-round medians' median. With
+steps, per launcher, their ratio, the ratio of the per-round medians' median, and each round's ratio
+(its two runs back to back) with their median and a 90% bootstrap interval of it. With
 ``--against no-health`` the baseline is torchrun-diag itself with ``--diag-hang-timeout off
 --diag-stall-timeout off`` (no health monitor in the agent, no progress beacon in the workers): the
 health monitor's own cost, stall watch included. The
@@ -22,7 +23,8 @@ phases: the whole-run wall time of a short healthy DDP job (400 steps of a few m
 width 64) under plain torchrun and torchrun-diag, interleaved pairs (the order alternates), and the
 phases a user waits for, timed from outside on the console: launcher start to the first rank's first
 step line, first to last step line (training), last step line to the launcher's exit (the tail:
-the ranks' exit, the report, the teardown); with each run's CPU seconds (launcher and workers).
+the ranks' exit, the report, the teardown); with each run's CPU seconds (launcher and workers); the
+median of the per-pair ratios of the whole run, with a 90% bootstrap interval of it.
 
 latency: for each crash class, the culprit writes time.time() just before failing (--mark-file);
 this process polls <diag-dir>/report.json every 5 ms and notes when a failed verdict naming the

@@ -63,6 +63,8 @@ class Run:
         verification and resume commands must hold no ``<...>`` placeholder (they run as printed)."""
         data: dict[str, Any] = json.loads((self.diag_dir / "report.json").read_text())
         validate(data)
+        fifos = [p for p in self.diag_dir.glob("attempt_*/rank_*/dump.wake") if p.is_fifo()]
+        assert not fifos, f"the beacons' FIFOs were left in the evidence folder: {fifos}"
         if "launch" in data:
             left = [c for c in commands(data) if PLACEHOLDER.search(c)]
             assert not left, left

@@ -362,6 +362,7 @@ class AttemptCapture:
                 entry["where"] = str(frame) if frame is not None else None
                 entry["stack_file"] = str(w.layout.dir / STACKS_FILE) if stacks.get(lr) else None
             ranks.append(entry)
+        remove_wake_fifos([w.layout.dir for w in self.workers.values()])  # torch's teardown SIGKILLs the holdouts
         return {"signal": signal.Signals(signum).name if signum in signal.Signals._value2member_map_ else signum,
                 "grace_s": self.config.grace_s, "ranks": ranks}  # fmt: skip
 
