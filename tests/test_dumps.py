@@ -97,3 +97,32 @@ def test_the_fifo_of_a_killed_rank_is_removed_and_wakes_nobody(tmp_path: Path):
     assert not (tmp_path / DUMP_WAKE_FILE).exists()
     assert (tmp_path / "other" / DUMP_WAKE_FILE).read_text().startswith("a regular")
     assert wake_beacon(tmp_path / "other") is False
+
+
+def test_without_a_fifo_the_beacon_ticks_often_enough_to_answer_in_time(tmp_path: Path, monkeypatch):
+    """A folder where no FIFO can be made (some network or FUSE filesystems): the beacon falls back to a
+    half-second tick, so that a dump request is still answered within the agent's 2 s wait."""
+    import os
+    import time
+
+    from elastic_diag.agent.dumps import request_dumps
+    from elastic_diag.layout import DUMP_WAKE_FILE, RankLayout
+    from elastic_diag.worker.beacon import NO_WAKE_INTERVAL_S, Beacon
+
+    def no_fifo(*_args: object, **_kwargs: object) -> None:
+        raise OSError(1, "Operation not permitted")
+
+    monkeypatch.setattr(os, "mkfifo", no_fifo)
+    with open(tmp_path / "stacks.txt", "a") as stacks:
+        b = Beacon(str(tmp_path), 2.0, stacks)
+        b.start()
+        try:
+            assert b.wake_fd is None and b.interval == NO_WAKE_INTERVAL_S
+            assert not (tmp_path / DUMP_WAKE_FILE).exists()
+            t0 = time.monotonic()
+            stacks_by_rank, answered = request_dumps({0: (os.getpid(), RankLayout(0, 0, tmp_path))}, 2.0, "r-2")
+            assert answered == {0} and time.monotonic() - t0 < 1.5
+            assert "test_without_a_fifo" in stacks_by_rank[0]
+        finally:
+            b.stop.set()
+            b.thread.join(5)

@@ -54,6 +54,7 @@ from elastic_diag.layout import (
 
 ENV_INTERVAL = ENV_PROGRESS_INTERVAL
 DEFAULT_INTERVAL_S = 2.0  # without the launcher's setting (the bootstrap installed by hand)
+NO_WAKE_INTERVAL_S = 0.5  # the tick when no FIFO can be made: a dump request is read within it
 STEP_HISTORY = 32
 
 
@@ -87,6 +88,8 @@ class Beacon:
     # -- the thread --------------------------------------------------------------------------------
     def start(self) -> None:
         self.wake_fd = _open_wake(self.wake_path)
+        if self.wake_fd is None:  # no FIFO (a filesystem without them): a request waits for a tick, so tick often
+            self.interval = min(self.interval, NO_WAKE_INTERVAL_S)
         self.thread.start()
 
     def _wait(self) -> bool:
