@@ -160,8 +160,13 @@ class StallSnapshots:
             rank = self.targets[lr][0] if lr in self.targets else lr
             dump = parse_stack_dump(stacks.get(lr, "")) if lr in stacks else None
             frame = dump.user_frame() if dump is not None else None
+            # a silent beacon means the main thread holds the GIL, which a rank waiting in a collective releases:
+            # its stack, taken now, outranks its last progress.json (written before the GIL was taken, perhaps
+            # while a collective of the previous step was still in flight)
+            held_gil = dump is not None and lr not in answered and dump.in_collective() is False
             ranks.append(StallRank(
-                rank=rank, local_rank=lr, in_collective=lr in stall.waiting, last_progress=stall.last_progress.get(lr),
+                rank=rank, local_rank=lr, in_collective=lr in stall.waiting and not held_gil,
+                last_progress=stall.last_progress.get(lr),
                 where=str(frame) if frame is not None else None, collective=collectives.get(lr),
                 beacon=(lr in answered) if lr in stacks else None, stack=dump,
             ))  # fmt: skip
