@@ -362,9 +362,13 @@ class AttemptCapture:
                 entry["where"] = str(frame) if frame is not None else None
                 entry["stack_file"] = str(w.layout.dir / STACKS_FILE) if stacks.get(lr) else None
             ranks.append(entry)
-        remove_wake_fifos([w.layout.dir for w in self.workers.values()])  # torch's teardown SIGKILLs the holdouts
+        self._remove_wake_fifos()  # torch's teardown SIGKILLs the holdouts
         return {"signal": signal.Signals(signum).name if signum in signal.Signals._value2member_map_ else signum,
                 "grace_s": self.config.grace_s, "ranks": ranks}  # fmt: skip
+
+    def _remove_wake_fifos(self) -> None:
+        """The beacons' FIFOs of ranks that did not take theirs with them (killed): not left in the evidence."""
+        remove_wake_fifos([w.layout.dir for w in self.workers.values()])
 
     def stop_group(self) -> None:
         """SIGTERM every live rank; torch's own monitor then sees the exits and tears down the rest."""
@@ -470,7 +474,7 @@ class AttemptCapture:
         self.tailer.stop()
         status: AttemptStatus = "succeeded" if result.state == WorkerState.SUCCEEDED else "failed"
         self.stalls.join(STALL_JOIN_S)
-        remove_wake_fifos([w.layout.dir for w in self.workers.values()])
+        self._remove_wake_fifos()
         if status == "failed":
             self.start_environment_snapshot()  # torch saw the failure first: take it now
         if self._environment is not None:

@@ -335,7 +335,8 @@ _beacon: Beacon | None = None
 
 def start(rank_dir: str, stacks_file: Any) -> Beacon:
     """The rank's beacon; its thread and hooks only when ``ELASTIC_DIAG_BEACON`` is not ``0`` (the
-    launcher sets 0 with ``--diag-hang-timeout off``; the flight recorder is still written at exit)."""
+    launcher sets 0 when both the hang and the stall monitor are off; the flight recorder is still written at
+    exit)."""
     global _beacon
     try:
         interval = float(os.environ.get(ENV_INTERVAL, "") or DEFAULT_INTERVAL_S)
