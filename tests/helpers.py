@@ -3,19 +3,23 @@ behind, the example script's command lines, and every report a run writes checke
 
 from __future__ import annotations
 
+import codecs
 import importlib.util
 import json
+import locale
 import os
 import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+import parity
 import pytest
 
 from elastic_diag.report.schema import validate
@@ -56,6 +60,7 @@ class Run:
     stderr: str
     diag_dir: Path
     seconds: float
+    console: str = ""  # stdout and stderr interleaved as they arrived, as a terminal shows ``cmd 2>&1``
 
     @property
     def report(self) -> dict[str, Any]:
@@ -103,27 +108,87 @@ def kill_leftovers(diag_dir: Path) -> None:
             pass
 
 
+class _Capture:
+    """The launcher's two pipes read by a thread each: every byte of each stream, and both together in the
+    order the chunks arrived (what a terminal shows of ``cmd 2>&1``)."""
+
+    def __init__(self, proc: subprocess.Popen[bytes]) -> None:
+        self.encoding = locale.getpreferredencoding(False)  # what text=True decoded with
+        self.lock = threading.Lock()
+        self.chunks: list[str] = []
+        self.raw: dict[str, list[bytes]] = {"stdout": [], "stderr": []}
+        self.threads = [
+            threading.Thread(target=self._read, args=(name, stream), name=f"launch-{name}", daemon=True)
+            for name, stream in (("stdout", proc.stdout), ("stderr", proc.stderr))
+        ]
+        for t in self.threads:
+            t.start()
+
+    def _read(self, name: str, stream: Any) -> None:
+        decoder = codecs.getincrementaldecoder(self.encoding)(errors="replace")
+        try:
+            while chunk := stream.read1(65536):
+                with self.lock:
+                    self.raw[name].append(chunk)
+                    self.chunks.append(decoder.decode(chunk))
+            with self.lock:
+                self.chunks.append(decoder.decode(b"", final=True))
+        except (OSError, ValueError):  # the pipe closed under us: what was read is kept
+            pass
+        finally:
+            stream.close()
+
+    def finished(self, proc: subprocess.Popen[bytes], deadline: float | None) -> bool:
+        """True once both streams reached their end and the launcher exited, before ``deadline`` (None: no
+        limit), what ``communicate(timeout)`` waits for."""
+
+        def left() -> float | None:
+            return None if deadline is None else max(0.0, deadline - time.monotonic())
+
+        for t in self.threads:
+            t.join(left())
+        if any(t.is_alive() for t in self.threads):
+            return False
+        try:
+            proc.wait(timeout=left())
+        except subprocess.TimeoutExpired:
+            return False
+        return True
+
+    def text(self, name: str) -> str:
+        """One stream as ``text=True`` gives it: decoded, universal newlines."""
+        with self.lock:
+            data = b"".join(self.raw[name])
+        return data.decode(self.encoding).replace("\r\n", "\n").replace("\r", "\n")
+
+    @property
+    def console(self) -> str:
+        with self.lock:
+            return "".join(self.chunks)
+
+
 def launch(argv: list[str], diag_dir: Path, timeout: float = 100, env: dict[str, str] | None = None) -> Run:
-    """Run a launcher command line to completion under a hard timeout; kill everything it left."""
+    """Run a launcher command line to completion under a hard timeout; kill everything it left. Then the
+    same run is analysed offline and compared with its live verdict (parity.py)."""
     full_env = {**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}
     start = time.monotonic()
-    proc = subprocess.Popen(
-        argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=full_env, cwd=ROOT, start_new_session=True
-    )
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=full_env, cwd=ROOT,
+                            start_new_session=True)  # fmt: skip
+    capture = _Capture(proc)
     try:
-        out, err = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGTERM)  # the agent tears its workers down on SIGTERM
-        try:
-            out, err = proc.communicate(timeout=40)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            out, err = proc.communicate()
-        kill_leftovers(diag_dir)
-        pytest.fail(f"launcher timed out after {timeout}s:\n{err[-5000:]}")
+        if not capture.finished(proc, start + timeout):
+            os.killpg(proc.pid, signal.SIGTERM)  # the agent tears its workers down on SIGTERM
+            if not capture.finished(proc, time.monotonic() + 40):
+                os.killpg(proc.pid, signal.SIGKILL)
+                capture.finished(proc, None)
+            kill_leftovers(diag_dir)
+            pytest.fail(f"launcher timed out after {timeout}s:\n{capture.text('stderr')[-5000:]}")
     finally:
         kill_leftovers(diag_dir)
-    return Run(proc.returncode, out, err, diag_dir, time.monotonic() - start)
+    run = Run(proc.returncode, capture.text("stdout"), capture.text("stderr"), diag_dir, time.monotonic() - start,
+              capture.console)  # fmt: skip
+    parity.check(run, argv)
+    return run
 
 
 def torchrun_diag(*args: str) -> list[str]:

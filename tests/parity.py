@@ -1,0 +1,268 @@
+"""Parity of the live verdict and the offline one on the same run: every torchrun-diag run of the suite
+(``helpers.launch``) is also analysed by ``elastic_diag.offline.analyze.analyze_paths``, as a user would
+after it, three ways, and each compared with report.json's verdict:
+
+- ``console``: what the launcher printed, stdout and stderr interleaved (what a user pastes from the terminal);
+- ``rank_folders``: the diag dir without any report.json / report.html: only what the launcher and the
+  ranks wrote as evidence;
+- ``diag_dir``: the diag dir as it is.
+
+A comparison is ``same`` (same initiating rank, same class), ``weaker`` (offline names no rank, is not
+healthy, and the live verdict named none, or its culprit is offline's suspect, or offline's class is
+``unknown`` / ``collective_timeout``), ``differs`` (another rank, or another class), ``healthy_on_failure``
+(the run failed and offline says healthy) or ``error`` (the analyzer raised). A run that succeeded should
+be ``healthy`` offline (``same``), anything else ``differs``.
+
+One JSON record per run goes to ``test-artifacts/parity/`` (shared by the xdist workers; conftest.py
+clears it at the start of a session and prints the table at the end; tools/parity_table.py renders it
+as Markdown). ``differs``, ``healthy_on_failure`` and ``error`` fail the test unless the case is in
+``DOCUMENTED``. ``ELASTIC_DIAG_PARITY=record`` records without failing, ``off`` skips it all.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import re
+import shutil
+import tempfile
+import time
+import traceback
+from collections import Counter
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+if TYPE_CHECKING:
+    from helpers import Run
+
+ROOT = Path(__file__).resolve().parents[1]
+FOLDER = ROOT / "test-artifacts" / "parity"
+RECORD_SCHEMA = "elastic_diag.tests.parity/1"
+REPORT_SCHEMA = "elastic_diag.report/1"
+VERDICT_FILES = ("report.json", "report.html")  # what the rank_folders way leaves out
+MODE_VARIABLE = "ELASTIC_DIAG_PARITY"  # enforce (default), record, off
+
+WAYS = ("console", "rank_folders", "diag_dir")
+OUTCOMES = ("same", "weaker", "differs", "healthy_on_failure", "error")
+FAILING = frozenset({"differs", "healthy_on_failure", "error"})
+VAGUE_CLASSES = frozenset({"unknown", "collective_timeout"})  # offline saw the failure, not who began it
+
+# a key (a test's node id, "script --inject VALUE" or a script's name) -> why the offline view shows less:
+# such a run's differences are recorded with the reason and do not fail its test
+DOCUMENTED: dict[str, str] = {}
+
+_ATTEMPT = re.compile(r"attempt_\d+")
+_counter = itertools.count()
+
+
+def mode() -> str:
+    value = os.environ.get(MODE_VARIABLE, "").strip().lower()
+    return value if value in ("record", "off") else "enforce"
+
+
+def current_test() -> str:
+    """The running test's node id (without pytest's ``(call)`` / ``(setup)`` phase)."""
+    current = os.environ.get("PYTEST_CURRENT_TEST", "")
+    return current.rsplit(" (", 1)[0] if current.endswith(")") else current
+
+
+def describe_argv(argv: list[str]) -> tuple[str, str | None]:
+    """The launched script's name and its ``--inject`` value, if any."""
+    script = next((Path(a).name for a in argv[1:] if a.endswith((".py", ".sh"))), None)
+    if script is None:
+        script = "python -c" if "-c" in argv else Path(argv[-1]).name if argv else "?"
+    if "--inject" in argv[:-1]:
+        return script, argv[argv.index("--inject") + 1]
+    return script, next((a.split("=", 1)[1] for a in argv if a.startswith("--inject=")), None)
+
+
+def label(script: str, inject: str | None) -> str:
+    return f"{script} --inject {inject}" if inject else script
+
+
+def live_verdict(diag_dir: Path) -> dict[str, Any] | None:
+    """report.json's status and final verdict; None where the run wrote no report of ours."""
+    path = diag_dir / "report.json"
+    try:
+        report = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(report, dict) or report.get("schema") != REPORT_SCHEMA:
+        return None
+    d = report.get("diagnosis") or {}
+    return {"status": report.get("status"), "initiating_rank": d.get("initiating_rank"),
+            "failure_class": d.get("failure_class"), "suspected_rank": d.get("suspected_rank")}  # fmt: skip
+
+
+def copy_evidence(src: Path, dst: Path) -> None:
+    """The diag dir without its verdicts (report.json / report.html at the top and in every attempt_N/);
+    regular files only (a beacon's FIFO left behind would block a copy)."""
+    for folder, _dirs, files in os.walk(src):
+        rel = Path(folder).relative_to(src)
+        verdict_level = rel == Path(".") or (len(rel.parts) == 1 and _ATTEMPT.fullmatch(rel.parts[0]) is not None)
+        (dst / rel).mkdir(parents=True, exist_ok=True)
+        for name in files:
+            path = Path(folder) / name
+            if (verdict_level and name in VERDICT_FILES) or not path.is_file():
+                continue
+            shutil.copy2(path, dst / rel / name)
+
+
+def offline_verdict(path: Path) -> dict[str, Any]:
+    """``analyze_paths([path])`` in process; an exception is an ``error`` with its text."""
+    from elastic_diag.offline.analyze import analyze_paths
+
+    try:
+        analysis = analyze_paths([path])
+    except Exception as e:  # an analyzer that raises on our own run's files is the finding
+        return {"error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()[-4000:]}
+    d = analysis.diagnosis
+    return {"initiating_rank": d.initiating_rank, "failure_class": d.failure_class, "suspected_rank": d.suspected_rank,
+            "failure_seen": analysis.failure_seen, "rule": d.rule}  # fmt: skip
+
+
+def compare(live: dict[str, Any], offline: dict[str, Any]) -> str:
+    if "error" in offline:
+        return "error"
+    rank, cls = offline["initiating_rank"], offline["failure_class"]
+    if live["status"] == "succeeded":
+        return "same" if cls == "healthy" else "differs"
+    if cls == "healthy":
+        return "healthy_on_failure"
+    if rank == live["initiating_rank"] and cls == live["failure_class"]:
+        return "same"
+    culprit = live["initiating_rank"]
+    if rank is None and (culprit is None or culprit == offline.get("suspected_rank") or cls in VAGUE_CLASSES):
+        return "weaker"
+    return "differs"
+
+
+def analyse(run: Run, live: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """The three offline verdicts of a run, each with its comparison with ``live``."""
+    results: dict[str, dict[str, Any]] = {}
+    with tempfile.TemporaryDirectory(prefix="parity-") as tmp:
+        inputs: dict[str, Path] = {"diag_dir": run.diag_dir}
+        try:
+            console = Path(tmp) / "console.log"
+            console.write_text(run.console, encoding="utf-8", errors="replace")
+            inputs["console"] = console
+        except Exception as e:  # the harness's own failure: recorded, never a crash
+            results["console"] = {"error": f"the harness could not write console.log: {type(e).__name__}: {e}"}
+        try:
+            folders = Path(tmp) / run.diag_dir.name
+            copy_evidence(run.diag_dir, folders)
+            inputs["rank_folders"] = folders
+        except Exception as e:  # the harness's own failure: recorded, never a crash
+            results["rank_folders"] = {"error": f"the harness could not copy the diag dir: {type(e).__name__}: {e}"}
+        for way in WAYS:
+            if way in inputs:
+                start = time.monotonic()
+                results[way] = offline_verdict(inputs[way])
+                results[way]["seconds"] = round(time.monotonic() - start, 3)
+    for way in WAYS:
+        results[way]["comparison"] = compare(live, results[way])
+    return {way: results[way] for way in WAYS}
+
+
+def documented(node: str, script: str, inject: str | None) -> str | None:
+    for key in (node, label(script, inject), script):
+        if key in DOCUMENTED:
+            return DOCUMENTED[key]
+    return None
+
+
+def write_record(record: dict[str, Any]) -> Path | None:
+    name = re.sub(r"[^A-Za-z0-9_.=-]+", "_", record["test"] or "no-test").strip("_")[:150]
+    path = FOLDER / f"{name}-{os.getpid()}-{next(_counter)}.json"
+    try:
+        FOLDER.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(record, indent=1) + "\n")
+    except OSError:
+        return None
+    return path
+
+
+def verdict_text(v: dict[str, Any]) -> str:
+    """``rank 2, hang``; ``no rank (suspect 1), desync``; ``error: ...``."""
+    if "error" in v:
+        return f"error: {v['error']}"
+    rank = "no rank" if v.get("initiating_rank") is None else f"rank {v['initiating_rank']}"
+    if v.get("suspected_rank") is not None:
+        rank += f" (suspect {v['suspected_rank']})"
+    unseen = v.get("failure_seen") is False and v.get("failure_class") != "healthy"
+    seen = " (no failure seen: `elastic-diag analyze` exits 0)" if unseen else ""
+    return f"{rank}, {v.get('failure_class')}{seen}"
+
+
+def check(run: Run, argv: list[str]) -> dict[str, Any] | None:
+    """Called by ``launch`` after every run: record the parity of a torchrun-diag run (one that wrote
+    report.json) and fail its test on a real difference unless it is documented or only recorded."""
+    if mode() == "off":
+        return None
+    live = live_verdict(run.diag_dir)
+    if live is None:
+        return None
+    node = current_test()
+    script, inject = describe_argv(argv)
+    offline = analyse(run, live)
+    reason = documented(node, script, inject)
+    failing = [way for way in WAYS if offline[way]["comparison"] in FAILING]
+    record = {"schema": RECORD_SCHEMA, "test": node, "script": script, "inject": inject, "argv": label(script, inject),
+              "returncode": run.returncode, "diag_dir": str(run.diag_dir), "live": live, "offline": offline,
+              "failing": failing, "documented": reason, "mode": mode()}  # fmt: skip
+    path = write_record(record)
+    if failing and reason is None and mode() == "enforce":
+        lines = [f"parity: the offline analysis of this run disagrees with its live verdict ({label(script, inject)})",
+                 f"  live ({live['status']}): {verdict_text(live)}"]  # fmt: skip
+        for way in WAYS:
+            v = offline[way]
+            lines.append(f"  {way}: {verdict_text(v)} -> {v['comparison']}")
+            if "traceback" in v:
+                lines.append("    " + v["traceback"].rstrip().replace("\n", "\n    "))
+        lines.append(f"  record: {path}" if path else "  (the record could not be written)")
+        lines.append(f"  {MODE_VARIABLE}=record only records; a known gap goes in DOCUMENTED (tests/parity.py) "
+                     "with the reason")  # fmt: skip
+        pytest.fail("\n".join(lines), pytrace=False)
+    return record
+
+
+# --- the records, read back (conftest.py's summary, tools/parity_table.py) ---------------------------------
+def clear() -> None:
+    shutil.rmtree(FOLDER, ignore_errors=True)
+
+
+def load(folder: Path = FOLDER) -> list[dict[str, Any]]:
+    records = []
+    for path in sorted(folder.glob("*.json")):
+        try:
+            record = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        if isinstance(record, dict) and record.get("schema") == RECORD_SCHEMA:
+            records.append(record)
+    return sorted(records, key=lambda r: (r["test"], r["argv"]))
+
+
+def short_test(node: str, width: int = 70) -> str:
+    node = node.removeprefix("tests/").replace(".py::", "::")
+    return node if len(node) <= width else node[: width - 1] + "…"
+
+
+def cell(v: dict[str, Any]) -> str:
+    """``2/hang``, ``-/collective_timeout (suspect 1)``, ``error``."""
+    if "error" in v:
+        return "error"
+    rank = "-" if v.get("initiating_rank") is None else str(v["initiating_rank"])
+    suspect = f" (suspect {v['suspected_rank']})" if v.get("suspected_rank") is not None else ""
+    return f"{rank}/{v.get('failure_class')}{suspect}"
+
+
+def totals(records: list[dict[str, Any]]) -> dict[str, Counter[str]]:
+    return {way: Counter(r["offline"][way]["comparison"] for r in records) for way in WAYS}
+
+
+def totals_text(counts: Counter[str]) -> str:
+    return ", ".join(f"{counts.get(o, 0)} {o}" for o in OUTCOMES)
