@@ -243,12 +243,12 @@ def main() -> None:
         files = sorted(str(p) for p in folder.glob("rank_*.log"))
         pin = ["taskset", "-c", "0"] if shutil.which("taskset") else []
         subprocess.run(["cat", *files], stdout=subprocess.DEVNULL, check=True)  # warm the page cache
-        from elastic_diag.offline.files import ANCHORS, SUMMARY_MARK, anchor_ere
+        from elastic_diag.offline.files import ANCHORS, SUMMARY_MARKS, anchor_ere
 
         env = {**os.environ, "LC_ALL": "C", "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
         mb = size / 1e6
         grep_s = _best([*pin, "grep", "-c", "Watchdog", *files], env, a.rounds)[0]
-        same = "|".join(anchor_ere(x) for x in (*ANCHORS, SUMMARY_MARK))
+        same = "|".join(anchor_ere(x) for x in (*ANCHORS, *SUMMARY_MARKS))
         grep_all_s = _best([*pin, "grep", "-c", "-E", same, *files], env, a.rounds)[0]
         print(f"grep -c Watchdog, one core: {grep_s:.2f} s ({mb / grep_s:.0f} MB/s)")
         print(

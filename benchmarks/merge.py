@@ -17,7 +17,9 @@ import json
 import time
 
 from elastic_diag.core import merge as nodes
-from elastic_diag.core.evidence import AttemptEvidence, ExceptionRecord, RankEvidence, parse_stack_dump
+from elastic_diag.core.evidence import AttemptEvidence, RankEvidence
+from elastic_diag.core.exceptions import ExceptionRecord
+from elastic_diag.core.stacks import parse_stack_dump
 
 WATCHDOG = ("[Rank {r}] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=90210, OpType=ALLREDUCE, "
             "NumelIn=1, NumelOut=1, Timeout(ms)=600000) ran for 600071 milliseconds before timing out.")  # fmt: skip

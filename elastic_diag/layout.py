@@ -8,6 +8,9 @@ live agent and the offline analyzer read them through the same readers, so the t
         report.json  report.html          the run's verdict (schema elastic_diag.report/1) and its page
         attempt_<N>/
             report.json                   the attempt's own report
+            launcher.json                 what the launcher saw: each rank's exit (code, time, stopped by it), when
+                                          it took the verdict, the health monitor's alarm, where each stack taken
+                                          at the verdict begins in stacks.txt, what the kernel said of a SIGKILL
             environment.json              versions, memory, disks, ulimits, variables, GPUs at the first failure
             stall_<K>/                    the K-th stall the health monitor saw (nothing was stopped for it)
                 stall.json                who waited inside a collective, who was outside it, since when, where
@@ -30,6 +33,10 @@ live agent and the offline analyzer read them through the same readers, so the t
                 first_error.json          the first error of its own the rank printed, with when (the line clock)
                 root_cause.json           the error file torch's "Root Cause" block is pointed at
 
+:func:`read_attempt` reads an attempt's folder into the core's evidence model, for the live agent and for
+``elastic-diag analyze`` alike: the live verdict is the verdict on what is on disk. :func:`write_atomic` is
+the one way a file of the folder is written (a temporary file, then a rename; secrets masked).
+
 Torch-free and cheap to import (every rank imports it before the user's script): the readers import
 the core's record types when they are first called. Every reader is bounded and never raises on a
 missing or garbled file.
@@ -37,23 +44,23 @@ missing or garbled file.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import pickle
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from elastic_diag.core.evidence import ErrorLine, ExceptionRecord
+    from elastic_diag.core.evidence import AttemptEvidence, ErrorLine, LogLine, RankEvidence
+    from elastic_diag.core.exceptions import ExceptionRecord
     from elastic_diag.core.flight_recorder import RankRecord
+    from elastic_diag.core.progress import NonFinite, Progress
     from elastic_diag.core.stall import StallRecord
+    from elastic_diag.core.taxonomy import Taxonomy
 
-# --- the documents (their JSON Schemas: elastic_diag/report/schemas/) -------------------------------
-REPORT_SCHEMA = "elastic_diag.report/1"
-ANALYSIS_SCHEMA = "elastic_diag.analysis/1"
-NODE_RECORD_SCHEMA = "elastic_diag.node_record/1"
-NODE_VERDICT_SCHEMA = "elastic_diag.node_verdict/1"
 
 # --- the folder ------------------------------------------------------------------------------------
 REPORT_FILE = "report.json"
@@ -81,6 +88,8 @@ PYSPY_FILE = "pyspy.txt"
 FIRST_ERROR_FILE = "first_error.json"
 ROOT_CAUSE_FILE = "root_cause.json"
 STALL_FILE = "stall.json"
+LAUNCHER_FILE = "launcher.json"  # attempt_N/: what the launcher saw of the ranks (their exits, the verdict's time)
+LAUNCHER_SCHEMA = "elastic_diag.launcher/1"
 STALL_MAX_BYTES = 1 << 20
 STALL_FR_MAX_BYTES = 8 << 20  # a stall keeps a copy of each rank's flight recorder up to this size
 ENVIRONMENT_FILE = (
@@ -157,6 +166,50 @@ class AttemptLayout:
     ranks: dict[int, RankLayout] = field(default_factory=dict)  # by local rank
 
 
+# --- the writers ----------------------------------------------------------------------------------
+
+
+def write_atomic(path: Path, data: str | bytes, *, redact: bool = True) -> None:
+    """A temporary file beside ``path``, then a rename: a reader never sees half a file. Text has this
+    process's secrets masked first (``redact``: off only for what holds none, on a hot path)."""
+    from elastic_diag import redaction
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    raw = data.encode("utf-8") if isinstance(data, str) else data
+    if redact and isinstance(data, str):
+        raw = redaction.current().text(data).encode("utf-8")
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")  # threads write too
+    try:
+        with open(tmp, "wb") as fp:
+            fp.write(raw)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+def write_json_atomic(path: Path, data: Any, *, indent: int | None = 2, redact: bool = True) -> None:
+    text = json.dumps(data, indent=indent, default=str, separators=None if indent else (",", ":"))
+    write_atomic(path, text + "\n" if indent else text, redact=redact)
+
+
+def write_launcher_record(
+    attempt_dir: Path, evidence: AttemptEvidence, *, node: str, tail_lines: int, stack_offsets: dict[int, int]
+) -> None:
+    """``launcher.json``: what the launcher saw of the attempt (each rank's exit, whether it stopped it, what the
+    kernel said of a SIGKILL, where the stack taken at the verdict begins in stacks.txt; when the verdict was
+    taken, the health monitor's alarm). With the ranks' own files it is all :func:`read_attempt` needs."""
+    ranks = [{"rank": ev.rank, "local_rank": ev.local_rank, "pid": ev.pid, "exit_code": ev.exit_code,
+              "exit_time": ev.exit_time, "alive_at_decision": ev.alive_at_decision,
+              "stopped_by_agent": ev.stopped_by_agent, "kernel": ev.kernel.to_json() if ev.kernel else None,
+              "stack_offset": stack_offsets.get(ev.rank)} for ev in evidence.ranks]  # fmt: skip
+    write_json_atomic(attempt_dir / LAUNCHER_FILE, {
+        "schema": LAUNCHER_SCHEMA, "attempt": evidence.attempt, "run_id": evidence.run_id, "node": node,
+        "decided_at": evidence.decided_at, "hang": evidence.hang, "tail_lines": tail_lines, "ranks": ranks,
+    })  # fmt: skip
+
+
 # --- the readers: bounded, never raise on a missing or garbled file ---------------------------------
 TAIL_BYTES = 64 * 1024
 STACK_BYTES = 256 * 1024
@@ -221,42 +274,29 @@ def read_json(path: Path, max_bytes: int | None = None) -> dict[str, Any] | None
     return data if isinstance(data, dict) else None
 
 
-def read_progress(path: Path) -> dict[str, Any] | None:
-    """The beacon's progress.json (written every half second by the rank; a partial write reads as None)."""
-    return read_json(path, PROGRESS_MAX_BYTES)
+def read_progress(path: Path) -> Progress | None:
+    """The beacon's progress.json (rewritten every tick by the rank; a partial write reads as None)."""
+    from elastic_diag.core.progress import progress_from_json
+
+    return progress_from_json(read_json(path, PROGRESS_MAX_BYTES))
 
 
-def exception_from_error_file(data: dict[str, Any] | None) -> ExceptionRecord | None:
-    """The exception in torchelastic's error file (``{"message": {"message": "T: msg", "extraInfo": {...}}}``)."""
-    from elastic_diag.core.evidence import ExceptionRecord
+def read_nonfinite(rank_dir: Path) -> NonFinite | None:
+    from elastic_diag.core.progress import nonfinite_from_json
 
-    msg = data.get("message") if data else None
-    if not isinstance(msg, dict) or not isinstance(msg.get("message"), str):
-        return None
-    etype, _, text = msg["message"].partition(": ")
-    extra = msg.get("extraInfo") or {}
-    ts = extra.get("timestamp") if isinstance(extra, dict) else None
-    callstack = extra.get("py_callstack", "") if isinstance(extra, dict) else ""
-    return ExceptionRecord(
-        type=etype or "Exception",
-        message=text,
-        traceback=str(callstack)[:100_000],
-        time=float(ts) if isinstance(ts, str) and ts.isdigit() else None,
-    )
+    return nonfinite_from_json(read_json(rank_dir / NONFINITE_FILE, PROGRESS_MAX_BYTES))
 
 
-def exception_from_file_data(data: dict[str, Any] | None) -> ExceptionRecord | None:
-    """Either file's exception, told apart by its shape: ours (exception.json) or torchelastic's (error.json)."""
-    from elastic_diag.core.evidence import exception_from_json
+def read_error_file(path: Path) -> ExceptionRecord | None:
+    """An exception.json of ours or torchelastic's error.json, told apart by their shape."""
+    from elastic_diag.core.exceptions import exception_from_file_data
 
-    if data is not None and "type" in data:
-        return exception_from_json(data)
-    return exception_from_error_file(data)
+    return exception_from_file_data(read_json(path))
 
 
 def read_exception(rank_dir: Path) -> ExceptionRecord | None:
     """The uncaught exception of a rank: the bootstrap's record, else torchelastic's error file."""
-    from elastic_diag.core.evidence import exception_from_json
+    from elastic_diag.core.exceptions import exception_from_error_file, exception_from_json
 
     record = exception_from_json(read_json(rank_dir / EXCEPTION_FILE))
     if record is not None:
@@ -265,7 +305,7 @@ def read_exception(rank_dir: Path) -> ExceptionRecord | None:
 
 
 def read_thread_exception(rank_dir: Path) -> ExceptionRecord | None:
-    from elastic_diag.core.evidence import exception_from_json
+    from elastic_diag.core.exceptions import exception_from_json
 
     return exception_from_json(read_json(rank_dir / THREAD_EXCEPTION_FILE))
 
@@ -343,7 +383,7 @@ def read_flight_record(rank_dir: Path, rank: int) -> tuple[RankRecord | None, st
 
 def read_stalls(attempt_dir: Path) -> tuple[StallRecord, ...]:
     """The attempt's stall records (``stall_<K>/stall.json``) in order, each rank's stack from its snapshot."""
-    from elastic_diag.core.evidence import parse_stack_dump
+    from elastic_diag.core.stacks import parse_stack_dump
     from elastic_diag.core.stall import stall_from_json
 
     found = []
@@ -362,6 +402,226 @@ def read_stalls(attempt_dir: Path) -> tuple[StallRecord, ...]:
         if record is not None:
             found.append(record)
     return tuple(sorted(found, key=lambda r: r.number))
+
+
+LAUNCHER_MAX_BYTES = 16 << 20
+DEFAULT_TAIL_LINES = 40
+STDOUT_TAIL_LINES = 10
+
+
+@dataclass(slots=True)
+class AttemptRead:
+    """An attempt's folder as evidence, what could not be read of it, and its environment snapshot."""
+
+    evidence: AttemptEvidence
+    problems: list[str] = field(default_factory=list)
+    environment: dict[str, Any] | None = None
+
+
+def _number(name: str, prefix: str) -> int | None:
+    rest = name.removeprefix(prefix)
+    return int(rest) if name.startswith(prefix) and rest.isdigit() else None
+
+
+def attempt_dirs(diag_dir: Path) -> list[Path]:
+    """The attempt folders of a diag dir, in order (``attempt_0``, ``attempt_1``, ...)."""
+    try:
+        found = [(n, d) for d in diag_dir.iterdir() if (n := _number(d.name, "attempt_")) is not None and d.is_dir()]
+    except OSError:
+        return []
+    return [d for _, d in sorted(found)]
+
+
+def is_attempt_dir(path: Path) -> bool:
+    """An attempt's evidence folder: ``attempt_N`` holding a launcher.json or rank folders."""
+    if _number(path.name, "attempt_") is None or not path.is_dir():
+        return False
+    return (path / LAUNCHER_FILE).is_file() or any(_number(d.name, "rank_") is not None for d in path.iterdir())
+
+
+def _launcher_facts(attempt_dir: Path, problems: list[str]) -> tuple[dict[str, Any], dict[int, dict[str, Any]]]:
+    """launcher.json's attempt fields and its ranks by rank; an older version's folder has none, and then the
+    exits the attempt's report.json recorded stand in (facts, never its roles); else nothing is known."""
+    data = read_json(attempt_dir / LAUNCHER_FILE, LAUNCHER_MAX_BYTES)
+    if data is not None and data.get("schema") == LAUNCHER_SCHEMA and isinstance(data.get("ranks"), list):
+        ranks = {r["rank"]: r for r in data["ranks"] if isinstance(r, dict) and isinstance(r.get("rank"), int)}
+        return data, ranks
+    if data is not None:
+        problems.append(f"{LAUNCHER_FILE}: not one this version reads (schema {data.get('schema')!r}): exits unknown")
+        return {}, {}
+    report = read_json(attempt_dir / REPORT_FILE, LAUNCHER_MAX_BYTES)
+    if report is not None and isinstance(report.get("ranks"), list):
+        problems.append(f"no {LAUNCHER_FILE} (an earlier version's folder): the exits come from its {REPORT_FILE}")
+        return {"node": report.get("node"), "run_id": report.get("run_id")}, report_rank_facts(report)
+    problems.append(f"no {LAUNCHER_FILE}: no rank's exit is known (the launcher was killed before its verdict, or "
+                    "the folder was copied without it)")  # fmt: skip
+    return {}, {}
+
+
+def report_rank_facts(report: dict[str, Any]) -> dict[int, dict[str, Any]]:
+    """What an earlier version's report.json (or one sent alone) recorded of each rank that the launcher saw:
+    its exit, pid, node, last lines, stack, exception. Never its role: a report's verdict is not evidence. A rank
+    whose stack was taken while it was killed by the launcher's signal, or that was SIGTERMed while another rank
+    had failed by itself (torch's teardown), was alive at the verdict."""
+    entries = [r for r in report.get("ranks") or () if isinstance(r, dict) and isinstance(r.get("rank"), int)]
+    # torch's teardown SIGTERMs every rank still running once one has failed by itself
+    teardown = any(r.get("exit_code") not in (0, -15, -9, None) for r in entries)
+    ranks: dict[int, dict[str, Any]] = {}
+    for r in entries:
+        signalled = r.get("exit_code") in (-15, -9)
+        stopped = signalled and (isinstance(r.get("stack"), str) or (teardown and r.get("exit_code") == -15))
+        ranks[r["rank"]] = {**{k: v for k, v in r.items() if k != "role"}, "alive_at_decision": stopped,
+                            "stopped_by_agent": stopped}  # fmt: skip
+    return ranks
+
+
+def read_report(path: Path, taxonomy: Taxonomy | None = None) -> AttemptRead | None:
+    """A report.json with no evidence folder beside it (someone sent it), as evidence: its ranks' facts
+    (:func:`report_rank_facts`), never its verdict; None for a file that is not a report of this schema family."""
+    from elastic_diag.core.evidence import AttemptEvidence
+    from elastic_diag.core.schema_ids import REPORT_SCHEMA
+    from elastic_diag.core.taxonomy import load_taxonomy
+
+    data = read_json(path, LAUNCHER_MAX_BYTES)
+    if data is None or data.get("schema") != REPORT_SCHEMA:
+        return None
+    tax = taxonomy or load_taxonomy()
+    problems = [
+        f"{path}: a report sent alone: each rank's exit, last lines and stack as it recorded them, no rank folder"
+    ]
+    node = str(data.get("node") or "")
+    facts = report_rank_facts(data)
+    ranks = tuple(_rank_evidence(r, None, facts[r], node, DEFAULT_TAIL_LINES, tax, []) for r in sorted(facts))
+    evidence = AttemptEvidence(attempt=len(data.get("attempts") or [None]) - 1, ranks=ranks,
+                               run_id=str(data.get("run_id") or ""), source="live")  # fmt: skip
+    return AttemptRead(evidence=evidence, problems=problems)
+
+
+def _lines_of(texts: tuple[str, ...], taxonomy: Taxonomy, start: int, source: str) -> list[LogLine]:
+    """The lines of a stream's tail that match a signature, as evidence lines (one a signature matched)."""
+    from elastic_diag.core.log_lines import evidence_line, parse_line, signatures_of
+
+    out = []
+    for i, raw in enumerate(texts):
+        parsed = parse_line(raw, local_time=True)
+        text = parsed.text.strip()
+        for sig in signatures_of(text, taxonomy):
+            out.append(evidence_line(text, time=parsed.time, clock=parsed.clock, order=start + i, source=source,
+                                     signature=sig.id))  # fmt: skip
+    return out
+
+
+def _rank_evidence(
+    rank: int, rank_dir: Path | None, facts: dict[str, Any], node: str, tail_lines: int, taxonomy: Taxonomy,
+    problems: list[str],
+) -> RankEvidence:  # fmt: skip
+    from elastic_diag.core.evidence import RankEvidence
+    from elastic_diag.core.exceptions import exception_from_json
+    from elastic_diag.core.progress import Progress, kernel_from_json
+    from elastic_diag.core.stacks import parse_stack_dump
+    from elastic_diag.core.values import as_int, as_seconds
+
+    def num(key: str) -> float | None:
+        return as_seconds(facts.get(key))
+
+    if rank_dir is None:  # only what the launcher saw (and what an earlier report.json kept)
+        problems.append(f"rank {rank}: no {rank_dir_name(rank)} folder: only what the launcher saw")
+        tail = tuple(str(x) for x in facts.get("last_lines") or () if isinstance(x, str))
+        stack = facts.get("stack")
+        exc = facts.get("exception")
+        return RankEvidence(
+            rank=rank, local_rank=as_int(facts.get("local_rank")) or 0, node=str(facts.get("node") or node),
+            pid=as_int(facts.get("pid")), exit_code=as_int(facts.get("exit_code")), exit_time=num("exit_time"),
+            start_time=num("start_time"), alive_at_decision=facts.get("alive_at_decision") is True,
+            stopped_by_agent=facts.get("stopped_by_agent") is True, kernel=kernel_from_json(facts.get("kernel")),
+            stderr_tail=tail, lines=tuple(_lines_of(tail, taxonomy, 0, REPORT_FILE)),
+            stack=parse_stack_dump(stack) if isinstance(stack, str) and stack else None,
+            exception=exception_from_json({**exc, "traceback": ""}) if isinstance(exc, dict) else None,
+            progress=Progress(progress_time=num("last_progress_time"), steps=as_int(facts.get("steps")))
+            if facts.get("steps") is not None or facts.get("last_progress_time") is not None
+            else None,
+        )  # fmt: skip
+    record, problem = read_flight_record(rank_dir, rank)
+    if problem:
+        problems.append(problem)
+    worker = read_json(rank_dir / WORKER_FILE) or {}
+    stack_text = ""
+    offset = as_int(facts.get("stack_offset"))
+    if offset is not None:
+        stack_text = read_stack_since(rank_dir, offset)
+    elif isinstance(facts.get("stack"), str):  # an older version's report.json kept the stack itself
+        stack_text = facts["stack"]
+    stderr = read_tail(rank_dir / STDERR_FILE, tail_lines)
+    stdout = read_tail(rank_dir / STDOUT_FILE, STDOUT_TAIL_LINES)
+    local = as_int(facts.get("local_rank"))
+    return RankEvidence(
+        rank=rank,
+        local_rank=local if local is not None else as_int(worker.get("local_rank")) or 0,
+        node=str(facts.get("node") or node),
+        pid=as_int(facts.get("pid")) or as_int(worker.get("pid")),
+        exit_code=as_int(facts.get("exit_code")),
+        exit_time=num("exit_time"),
+        start_time=as_seconds(worker.get("start_time")),
+        alive_at_decision=facts.get("alive_at_decision") is True,
+        stopped_by_agent=facts.get("stopped_by_agent") is True,
+        exception=read_exception(rank_dir),
+        stderr_tail=stderr,
+        stdout_tail=stdout,
+        lines=tuple(
+            _lines_of(stderr, taxonomy, 0, STDERR_FILE) + _lines_of(stdout, taxonomy, len(stderr), STDOUT_FILE)
+        ),
+        stack=parse_stack_dump(stack_text) if stack_text else None,
+        evidence_dir=str(rank_dir),
+        flight_record=record,
+        nonfinite=read_nonfinite(rank_dir),
+        progress=read_progress(rank_dir / PROGRESS_FILE),
+        error_line=read_error_line(rank_dir),
+        thread_exception=read_thread_exception(rank_dir),
+        kernel=kernel_from_json(facts.get("kernel")),
+    )
+
+
+def read_attempt(attempt_dir: Path, *, tail_lines: int | None = None, taxonomy: Taxonomy | None = None) -> AttemptRead:
+    """An attempt's evidence folder as the core's evidence model: what the launcher saw (``launcher.json``)
+    and every rank's own files, the stalls the health monitor recorded, the environment snapshot. The live
+    agent judges what this returns; so does ``elastic-diag analyze`` pointed at the folder. A folder that is
+    half there (a run killed mid-write, a copy missing files, an earlier version's) gives what is there and
+    says what is missing in ``problems``; nothing raises."""
+    from elastic_diag.core.evidence import AttemptEvidence
+    from elastic_diag.core.taxonomy import load_taxonomy
+    from elastic_diag.core.values import as_int, as_seconds
+
+    tax = taxonomy or load_taxonomy()
+    problems: list[str] = []
+    attempt_facts, rank_facts = _launcher_facts(attempt_dir, problems)
+    node = str(attempt_facts.get("node") or "")
+    lines = tail_lines or as_int(attempt_facts.get("tail_lines")) or DEFAULT_TAIL_LINES
+    try:
+        folders = {n: d for d in attempt_dir.iterdir() if (n := _number(d.name, "rank_")) is not None and d.is_dir()}
+    except OSError as e:
+        problems.append(f"{attempt_dir}: {e.strerror or e}")
+        folders = {}
+    ranks = tuple(
+        _rank_evidence(r, folders.get(r), rank_facts.get(r, {}), node, lines, tax, problems)
+        for r in sorted(set(folders) | set(rank_facts))
+    )
+    came_up = None
+    for ev in ranks:
+        if ev.progress is not None:
+            came_up = bool(came_up) or ev.progress.completed_a_collective() or bool(ev.flight_record and
+                                                                                   ev.flight_record.groups)  # fmt: skip
+    hang = attempt_facts.get("hang")
+    evidence = AttemptEvidence(
+        attempt=as_int(attempt_facts.get("attempt")) or _number(attempt_dir.name, "attempt_") or 0,
+        ranks=ranks,
+        run_id=str(attempt_facts.get("run_id") or ""),
+        source="live" if rank_facts else "logs",
+        decided_at=as_seconds(attempt_facts.get("decided_at")),
+        hang=hang if isinstance(hang, dict) else None,
+        came_up=came_up,
+        stalls=read_stalls(attempt_dir),
+    )
+    return AttemptRead(evidence=evidence, problems=problems, environment=read_json(attempt_dir / ENVIRONMENT_FILE))
 
 
 def latest_checkpoint(folder: Path | None) -> Path | None:

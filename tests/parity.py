@@ -21,6 +21,7 @@ as Markdown). ``differs``, ``healthy_on_failure`` and ``error`` fail the test un
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import os
@@ -214,6 +215,9 @@ def check(run: Run, argv: list[str]) -> dict[str, Any] | None:
               "returncode": run.returncode, "diag_dir": str(run.diag_dir), "live": live, "offline": offline,
               "failing": failing, "documented": reason, "mode": mode()}  # fmt: skip
     path = write_record(record)
+    if path is not None and any(offline[way]["comparison"] != "same" for way in WAYS):
+        with contextlib.suppress(OSError):  # what the console way read, to see why
+            path.with_suffix(".console.log").write_text(run.console, encoding="utf-8", errors="replace")
     if failing and reason is None and mode() == "enforce":
         lines = [f"parity: the offline analysis of this run disagrees with its live verdict ({label(script, inject)})",
                  f"  live ({live['status']}): {verdict_text(live)}"]  # fmt: skip

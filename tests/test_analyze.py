@@ -149,7 +149,7 @@ def test_bad_input_is_skipped_and_reported(tmp_path):
     assert any("binary" in s for s in a.skipped)
     assert any("missing.log" in s for s in a.skipped)
     assert (a.diagnosis.initiating_rank, a.diagnosis.exception_type) == (1, "ValueError")
-    assert a.ranks[3].hits  # the truncated last line still counts
+    assert a.ranks[3].lines  # the truncated last line still counts
 
 
 def test_ten_thousand_files(tmp_path):
@@ -431,7 +431,7 @@ def test_gzipped_logs_are_read_and_other_archives_are_listed(tmp_path):
         (tmp_path / f"{f.name}.gz").write_bytes(gzip.compress(f.read_bytes()))
     plain, packed = analyze_paths([case]), analyze_paths([tmp_path])
     assert packed.diagnosis.to_json() == plain.diagnosis.to_json()
-    assert [r.last_lines for r in packed.ranks.values()] == [r.last_lines for r in plain.ranks.values()]
+    assert [r.stderr_tail for r in packed.ranks.values()] == [r.stderr_tail for r in plain.ranks.values()]
     (tmp_path / "rank_9.log.zst").write_bytes(b"(\xb5/\xfd" + bytes(100))
     whole = (tmp_path / "job.3.out.gz").read_bytes()
     (tmp_path / "job.3.out.gz").write_bytes(whole[: len(whole) // 2])

@@ -9,8 +9,11 @@ import pytest
 
 from elastic_diag.core.attribution import RULES
 from elastic_diag.core.classify import classify_attempt
-from elastic_diag.core.evidence import AttemptEvidence, ErrorLine, ExceptionRecord, RankEvidence, parse_stack_dump
+from elastic_diag.core.evidence import AttemptEvidence, ErrorLine, RankEvidence
+from elastic_diag.core.exceptions import ExceptionRecord
 from elastic_diag.core.flight_recorder import Collective, RankRecord
+from elastic_diag.core.progress import NonFinite, Progress
+from elastic_diag.core.stacks import parse_stack_dump
 from elastic_diag.core.stall import StallRank, StallRecord
 
 CLOSED = "RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:553] Connection closed by peer [127.0.0.1]:4000"
@@ -54,19 +57,28 @@ def record(r: int, *ops: tuple[str, str]) -> RankRecord:
     return RankRecord(rank=r, groups={"0": entries}, status={})
 
 
-def test_every_rule_is_named_and_documented():
+def test_every_decision_is_named_documented_and_the_page_is_current():
+    """docs/attribution.md's decisions are generated from the tuples of core/attribution.py and each function's
+    docstring (tools/attribution_doc.py): every step, vote, rule, refinement and suspect has a name of its own
+    and a docstring, and the page is what the generator writes today."""
+    import sys
     from pathlib import Path
 
-    doc = (Path(__file__).resolve().parents[1] / "docs" / "attribution.md").read_text()
-    names = [rule.__name__ for rule in RULES]
-    assert names[0] == "all_succeeded" and names[-1] == "no_rank_named"
+    from elastic_diag.core.attribution import REFINEMENTS, STEPS, VOTES
+    from elastic_diag.core.suspects import SUSPECTS
+
+    root = Path(__file__).resolve().parents[1]
+    names = [fn.__name__ for group in (STEPS, VOTES, RULES, REFINEMENTS, SUSPECTS) for fn in group]
     assert len(set(names)) == len(names)
-    positions = [doc.find(f"`{name}`") for name in names]
-    assert all(p >= 0 for p in positions), [n for n, p in zip(names, positions, strict=True) if p < 0]
-    assert positions == sorted(positions), "docs/attribution.md lists the rules in another order than RULES"
-
-
-# --- all_succeeded ---------------------------------------------------------------------------------
+    assert RULES[-1].__name__ == "no_rank_named"
+    assert all((fn.__doc__ or "").strip() for group in (STEPS, VOTES, RULES, REFINEMENTS, SUSPECTS) for fn in group)
+    sys.path.insert(0, str(root / "tools"))
+    try:
+        import attribution_doc
+    finally:
+        sys.path.pop(0)
+    page = (root / "docs" / "attribution.md").read_text()
+    assert attribution_doc.render(page) == page, "run: python tools/attribution_doc.py"
 
 
 def test_all_succeeded():
@@ -87,8 +99,8 @@ def test_nonfinite_first_names_the_rank_whose_own_loss_went_non_finite():
     nan = "RuntimeError: The total norm of order 2.0 for gradients from `parameters` is non-finite gradient"
     d = classify_attempt(attempt(
         rank(0, exit_code=1, exit_time=5.1, exception=exc(nan, 5.0)),
-        rank(1, exit_code=1, exit_time=5.1, exception=exc(nan, 5.0), nonfinite={"backward": 4, "time": 4.0,
-                                                                              "where": "train.py:61"}),
+        rank(1, exit_code=1, exit_time=5.1, exception=exc(nan, 5.0), nonfinite=NonFinite(backward=4, time=4.0,
+                                                                                      where="train.py:61")),
         rank(2, exit_code=1, exit_time=5.1, exception=exc(nan, 5.0)),
     ))  # fmt: skip
     assert (d.failure_class, d.initiating_rank, d.rule) == ("nan_inf", 1, "nonfinite_first")
@@ -98,7 +110,7 @@ def test_a_rank_that_failed_on_its_own_before_the_nonfinite_loss_wins():
     d = classify_attempt(attempt(
         rank(0, exit_code=1, exit_time=2.1, exception=exc("ValueError: bad batch", 2.0)),
         waiting(1, 3.0),
-        rank(2, exit_code=1, exit_time=3.1, exception=exc(CLOSED, 3.0), nonfinite={"backward": 9, "time": 2.5}),
+        rank(2, exit_code=1, exit_time=3.1, exception=exc(CLOSED, 3.0), nonfinite=NonFinite(backward=9, time=2.5)),
     ))  # fmt: skip
     assert (d.failure_class, d.initiating_rank, d.rule) == ("python_exception", 0, "own_failure_first")
 
@@ -216,7 +228,8 @@ def test_an_error_line_the_rank_recovered_from_is_not_its_failure():
     printed = ErrorLine(time=1.0, text="ValueError: retrying", exception=exc("ValueError: retrying", 1.0))
     d = classify_attempt(attempt(
         rank(0, exit_code=1, exit_time=5.1, exception=exc("KeyError: 'label'", 5.0)),
-        rank(1, exit_code=1, exit_time=5.3, exception=exc(CLOSED, 5.2), error_line=printed, progress_time=4.0),
+        rank(1, exit_code=1, exit_time=5.3, exception=exc(CLOSED, 5.2), error_line=printed,
+             progress=Progress(progress_time=4.0)),
     ))  # fmt: skip
     assert (d.initiating_rank, d.rule) == (0, "own_failure_first")
 

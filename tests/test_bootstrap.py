@@ -13,7 +13,7 @@ from pathlib import Path
 from helpers import worker_env
 
 from elastic_diag import layout
-from elastic_diag.core.evidence import parse_stack_dump
+from elastic_diag.core.stacks import parse_stack_dump
 from elastic_diag.worker import bootstrap
 
 

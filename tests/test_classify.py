@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 from elastic_diag.core.classify import classify_attempt, classify_launch_error
-from elastic_diag.core.evidence import AttemptEvidence, ExceptionRecord, RankEvidence, parse_stack_dump
+from elastic_diag.core.evidence import AttemptEvidence, RankEvidence
+from elastic_diag.core.exceptions import ExceptionRecord
+from elastic_diag.core.stacks import parse_stack_dump
 
 CLOSED = "RuntimeError: [../gloo/transport/tcp/pair.cc:553] Connection closed by peer [127.0.0.1]:4000"
 TIMEOUT = (

@@ -236,7 +236,8 @@ def test_the_nodes_stall_records_merge_into_one_verdict():
     """Rank 0 (node 0) saved a checkpoint past the collective timeout while ranks 1 (node 0) and 2, 3 (node 1)
     waited in the barrier; then it reached the barrier and failed there like them. Each node's stall record
     saw its own ranks; merged, the stall names rank 0 and where it was. Node 1's clock is 2 s behind."""
-    from elastic_diag.core.evidence import AttemptEvidence, ExceptionRecord, RankEvidence
+    from elastic_diag.core.evidence import AttemptEvidence, RankEvidence
+    from elastic_diag.core.exceptions import ExceptionRecord
     from elastic_diag.core.stall import StallRank, StallRecord
 
     closed = "RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:553] Connection closed by peer [::1]:4000"

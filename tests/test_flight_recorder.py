@@ -11,6 +11,7 @@ import pytest
 from elastic_diag.core.classify import straggler_warnings
 from elastic_diag.core.evidence import AttemptEvidence, RankEvidence
 from elastic_diag.core.flight_recorder import compare, load_dump, parse_record
+from elastic_diag.core.progress import Progress
 
 
 def entry(seq: int, size: int = 1, op: str = "all_reduce", t: int = 0, pg: str = "default_pg") -> dict:
@@ -36,7 +37,7 @@ def test_a_skipped_collective_is_a_desync_of_the_minority_rank():
     good = schedule(6)
     skipped = schedule(5) + [entry(6, 1000)]  # its #6 is the next step's bucket: it skipped the metric
     records = {r: parse_record(r, dump(skipped if r == 2 else good, 6, 5)) for r in (0, 1, 2, 3)}
-    f = compare(records, [0, 1, 2, 3]).finding
+    f = compare(records, [0, 1, 2, 3]).divergence
     assert f is not None and (f.kind, f.ranks, f.seq) == ("desync", (2,), 6)
     assert f.sides[2] == "all_reduce sizes [[1000]] Float" and f.sides[0] == "all_reduce sizes [[1]] Float"
 
@@ -45,22 +46,22 @@ def test_other_sizes_never_used_by_the_peers_are_a_mismatch():
     good = schedule(4)
     odd = schedule(3) + [entry(4, 2)]
     records = {r: parse_record(r, dump(odd if r == 1 else good, 4, 3)) for r in range(4)}
-    f = compare(records).finding
+    f = compare(records).divergence
     assert f is not None and (f.kind, f.ranks) == ("mismatch", (1,))
 
 
 def test_a_rank_that_never_entered_the_collective_is_missing():
     records = {r: parse_record(r, dump(schedule(7), 7, 6)) for r in (0, 1, 3)}
     records[2] = parse_record(2, dump(schedule(6), 6, 6))
-    f = compare(records).finding
+    f = compare(records).divergence
     assert f is not None and (f.kind, f.ranks, f.seq) == ("missing", (2,), 7)
 
 
 def test_no_majority_names_nobody_and_a_missing_dump_is_reported():
     records = {r: parse_record(r, dump(schedule(3) + [entry(4, 7 if r < 2 else 9)], 4, 3)) for r in range(4)}
     cmp = compare(records, [0, 1, 2, 3, 4])
-    assert cmp.finding is not None and cmp.finding.ranks == ()  # both sides, nobody named
-    assert cmp.finding.seq == 4 and set(cmp.finding.sides) == {0, 1, 2, 3}
+    assert cmp.divergence is not None and cmp.divergence.ranks == ()  # both sides, nobody named
+    assert cmp.divergence.seq == 4 and set(cmp.divergence.sides) == {0, 1, 2, 3}
     assert cmp.problems == ["no flight-recorder dump from rank(s) 4"]
 
 
@@ -136,7 +137,7 @@ def _fsdp_like(late_steps: set[int], steps: int = 20, per_step: int = 10, lag_ns
             late = lag_ns if r == 3 and first and step in late_steps else 0
             entries.append(entry(s, t=s * 10**8 + late + r * 1000))
         ranks.append(RankEvidence(rank=r, local_rank=r, node="n", flight_record=parse_record(r, dump(entries, 0, 0)),
-                                  steps=steps, step_durations=(0.35,) * steps))  # fmt: skip
+                                  progress=Progress(steps=steps, step_durations=(0.35,) * steps)))  # fmt: skip
     return AttemptEvidence(attempt=0, ranks=tuple(ranks))
 
 
@@ -168,13 +169,13 @@ def test_collectives_whose_arguments_differ_by_design_are_no_mismatch(op, root, 
         )
         for r in range(3)
     }
-    assert compare(records, [0, 1, 2]).finding is None
+    assert compare(records, [0, 1, 2]).divergence is None
 
 
 def test_a_scatter_whose_output_differs_is_a_mismatch():
     records = {r: parse_record(r, dump([_collective(1, "scatter", [[3, 4]] if r == 0 else [], [[5 if r == 2 else 4]])],
                                        1, 0)) for r in range(3)}  # fmt: skip
-    f = compare(records, [0, 1, 2]).finding
+    f = compare(records, [0, 1, 2]).divergence
     assert f is not None and (f.kind, f.ranks) == ("mismatch", (2,))
 
 
@@ -183,27 +184,27 @@ def test_the_aborted_receiver_breaks_a_one_against_one_tie():
     disagree; the receiver had the smaller side, so rank 2 is the odd one."""
     n = {1: 4, 2: 5}
     records = {r: parse_record(r, dump([_collective(1, "all_gather", [[n[r]]], [[3, n[r]]])], 1, 1)) for r in (1, 2)}
-    assert compare(records, [0, 1, 2]).finding.ranks == ()  # without knowing of the receiver: a tie
-    f = compare(records, [0, 1, 2], receivers=[0]).finding
+    assert compare(records, [0, 1, 2]).divergence.ranks == ()  # without knowing of the receiver: a tie
+    f = compare(records, [0, 1, 2], receivers=[0]).divergence
     assert f is not None and (f.kind, f.ranks, f.seq) == ("mismatch", (2,), 1)
     dtype = {r: parse_record(r, dump([_collective(1, "all_reduce", [[4]], [[4]], "Double" if r == 2 else "Float")],
                                      1, 1)) for r in (0, 2)}  # fmt: skip
-    f = compare(dtype, [0, 1, 2], receivers=[1]).finding
+    f = compare(dtype, [0, 1, 2], receivers=[1]).divergence
     assert f is not None and f.ranks == (2,)
 
 
 def test_the_aborted_receiver_is_the_culprit_when_every_record_agrees():
     records = {r: parse_record(r, dump([_collective(1, "all_gather", [[4]], [[3, 4]])], 1, 1)) for r in (0, 1)}
-    f = compare(records, [0, 1, 2], receivers=[2]).finding
+    f = compare(records, [0, 1, 2], receivers=[2]).divergence
     assert f is not None and (f.kind, f.ranks) == ("mismatch", (2,))
     assert "smaller tensor" in f.sides[2]
 
 
 def test_the_one_rank_every_receiver_got_too_much_from():
     records = {2: parse_record(2, dump([_collective(1, "broadcast", [[5]], [[5]])], 1, 1))}
-    f = compare(records, [0, 1, 2], receivers=[0, 1]).finding
+    f = compare(records, [0, 1, 2], receivers=[0, 1]).divergence
     assert f is not None and (f.kind, f.ranks) == ("mismatch", (2,))
-    assert compare(records, [0, 1, 2], receivers=[0]).finding is None  # one receiver, one record: who knows
+    assert compare(records, [0, 1, 2], receivers=[0]).divergence is None  # one receiver, one record: who knows
 
 
 def test_a_ragged_last_batch_is_a_mismatch_not_a_desync():
@@ -218,8 +219,8 @@ def test_a_ragged_last_batch_is_a_mismatch_not_a_desync():
         )
         for r in range(3)
     }
-    f = compare(records, [0, 1, 2]).finding
+    f = compare(records, [0, 1, 2]).divergence
     assert f is not None and (f.kind, f.ranks, f.seq) == ("mismatch", (2,), 4)
     other_op = {r: parse_record(r, dump([_collective(1, "barrier" if r == 1 else "all_reduce", [[1]], [[1]])], 1, 0))
                 for r in range(3)}  # fmt: skip
-    assert compare(other_op).finding.kind == "desync"
+    assert compare(other_op).divergence.kind == "desync"

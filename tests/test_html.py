@@ -16,7 +16,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from elastic_diag.core.classify import classify_attempt
-from elastic_diag.core.evidence import AttemptEvidence, ExceptionRecord, RankEvidence, parse_stack_dump
+from elastic_diag.core.evidence import AttemptEvidence, RankEvidence
+from elastic_diag.core.exceptions import ExceptionRecord
+from elastic_diag.core.progress import Progress
+from elastic_diag.core.stacks import parse_stack_dump
 from elastic_diag.report.document import AttemptRecord, build_report, write_json_atomic
 from elastic_diag.report.html import render_html, write_html
 from elastic_diag.report.rank_story import group_rows, rank_rows
@@ -57,16 +60,18 @@ def big_report(nodes: int = 128, per_node: int = 8, culprit: int = 613) -> dict:
                 time=1400.0,
             )
             ranks.append(RankEvidence(rank=r, local_rank=r % per_node, node=node, exit_code=1, exit_time=1400.2,
-                                      start_time=start, progress_time=1399.5, steps=4000, exception=exc,
+                                      start_time=start, progress=Progress(progress_time=1399.5, steps=4000),
+                                      exception=exc,
                                       stderr_tail=(*LINES[:19], f"{exc.type}: {exc.message}")))  # fmt: skip
         elif r % per_node == per_node - 1 and per_node > 2:  # never reached its watchdog: stopped at teardown
             ranks.append(RankEvidence(rank=r, local_rank=r % per_node, node=node, exit_code=-15, exit_time=2002.5,
-                                      start_time=start, progress_time=1399.9, steps=4000, alive_at_decision=True,
+                                      start_time=start, progress=Progress(progress_time=1399.9, steps=4000),
+                                      alive_at_decision=True,
                                       stopped_by_agent=True, stack=parse_stack_dump(STACK)))  # fmt: skip
         else:
             ranks.append(RankEvidence(rank=r, local_rank=r % per_node, node=node, exit_code=-6,
-                                      exit_time=2001 + (r % 13) / 10, start_time=start, progress_time=1399.9,
-                                      steps=4000, stderr_tail=LINES[:18]
+                                      exit_time=2001 + (r % 13) / 10, start_time=start,
+                                      progress=Progress(progress_time=1399.9, steps=4000), stderr_tail=LINES[:18]
                                       + (WATCHDOG.format(r=r), "Fatal Python error: Aborted"),
                                       stack=parse_stack_dump(STACK)))  # fmt: skip
     evidence = AttemptEvidence(attempt=0, ranks=tuple(ranks), decided_at=2002.0)

@@ -76,3 +76,104 @@ def test_flight_record_reader_says_why_a_dump_is_unusable(tmp_path):
     big.write_bytes(pickle.dumps({"entries": []}) + b"\0" * 2048)
     got = load_flight_record(big, 3, max_bytes=1024)
     assert got.record is None and got.problem is not None and "over the 1024-byte limit" in got.problem
+
+
+# --- read_attempt: the one reader of an attempt's folder --------------------------------------------
+
+STACK = """Current thread 0x00007f01 (most recent call first):
+  File "/job/train.py", line 77 in fetch
+  File "/job/train.py", line 92 in main
+"""
+
+
+def _attempt(tmp_path):
+    """A folder as a run leaves it: launcher.json, three rank folders with what the ranks wrote."""
+    from elastic_diag.core.evidence import AttemptEvidence, RankEvidence
+    from elastic_diag.layout import write_launcher_record
+
+    attempt = tmp_path / "attempt_0"
+    for r in range(3):
+        (attempt / f"rank_{r}").mkdir(parents=True)
+        (attempt / f"rank_{r}" / "worker.json").write_text(json.dumps({"pid": 100 + r, "start_time": 1.0}))
+    (attempt / "rank_0" / "stderr.log").write_text("step 1\nValueError: bad shard 3\n")
+    (attempt / "rank_0" / "exception.json").write_text(json.dumps({"type": "ValueError", "message": "bad shard 3",
+                                                                   "traceback": "", "time": 10.0}))  # fmt: skip
+    (attempt / "rank_1" / "stderr.log").write_text(
+        "[rank1]: RuntimeError: [pair.cc:553] Connection closed by peer [127.0.0.1]:4000\n"
+    )
+    (attempt / "rank_2" / "stacks.txt").write_text("an earlier dump\n" + STACK)
+    (attempt / "rank_2" / "progress.json").write_text(json.dumps({"steps": 4, "progress_time": 9.0}))
+    seen = AttemptEvidence(attempt=0, run_id="r1", decided_at=11.0, ranks=(
+        RankEvidence(rank=0, local_rank=0, node="n", pid=100, exit_code=1, exit_time=10.5),
+        RankEvidence(rank=1, local_rank=1, node="n", pid=101, exit_code=1, exit_time=10.9),
+        RankEvidence(rank=2, local_rank=2, node="n", pid=102, exit_code=-15, exit_time=12.0, alive_at_decision=True,
+                     stopped_by_agent=True)))  # fmt: skip
+    write_launcher_record(attempt, seen, node="n", tail_lines=40, stack_offsets={2: len("an earlier dump\n")})
+    return attempt
+
+
+def test_read_attempt_gives_what_the_launcher_saw_and_what_the_ranks_wrote(tmp_path):
+    from elastic_diag.layout import read_attempt
+
+    read = read_attempt(_attempt(tmp_path))
+    ev = {e.rank: e for e in read.evidence.ranks}
+    assert read.problems == [] and read.evidence.decided_at == 11.0 and read.evidence.run_id == "r1"
+    assert ev[0].exception is not None and ev[0].exception.type == "ValueError" and ev[0].exit_code == 1
+    assert [line.signature for line in ev[1].lines] == ["gloo-connection-closed", "python-exception"]
+    assert ev[2].stack is not None and str(ev[2].stack.user_frame()) == "/job/train.py:77 in fetch"
+    assert ev[2].stopped_by_agent and ev[2].steps == 4 and ev[2].pid == 102
+
+
+def test_a_folder_half_there_gives_what_is_there_and_says_what_is_missing(tmp_path):
+    from elastic_diag.core.classify import classify_attempt
+    from elastic_diag.layout import read_attempt
+
+    attempt = _attempt(tmp_path)
+    (attempt / "launcher.json").write_text('{"schema": "elastic_diag.launcher/1", "ranks": [{"rank": 0, "ex')
+    (attempt / "rank_2" / "progress.json").write_text("{not json")
+    (attempt / "rank_1" / "fr_trace.json").write_text('{"version": "2.10", "entries": [')
+    read = read_attempt(attempt)
+    assert any("launcher.json" in p for p in read.problems) and any("rank 1" in p for p in read.problems)
+    assert {e.rank for e in read.evidence.ranks} == {0, 1, 2}
+    assert all(e.exit_code is None for e in read.evidence.ranks)  # no launcher record: nothing known of exits
+    d = classify_attempt(read.evidence)
+    assert (d.initiating_rank, d.exception_type) == (0, "ValueError")  # its own exception still tells
+
+
+def test_an_earlier_version_s_folder_takes_the_exits_from_its_report_never_its_roles(tmp_path):
+    from elastic_diag.layout import read_attempt
+
+    attempt = _attempt(tmp_path)
+    (attempt / "launcher.json").unlink()
+    report = {"schema": "elastic_diag.report/1", "node": "old", "ranks": [
+        {"rank": 0, "role": "collateral", "exit_code": 1}, {"rank": 1, "role": "initiating", "exit_code": -9},
+        {"rank": 2, "role": "stopped", "exit_code": -15, "stack": STACK}]}  # fmt: skip
+    (attempt / "report.json").write_text(json.dumps(report))
+    read = read_attempt(attempt)
+    ev = {e.rank: e for e in read.evidence.ranks}
+    assert [ev[r].exit_code for r in range(3)] == [1, -9, -15] and ev[2].stopped_by_agent
+    assert any("earlier version" in p for p in read.problems)
+
+
+def test_a_rank_the_launcher_saw_without_a_folder_is_kept(tmp_path):
+    import shutil
+
+    from elastic_diag.layout import read_attempt
+
+    attempt = _attempt(tmp_path)
+    shutil.rmtree(attempt / "rank_1")
+    read = read_attempt(attempt)
+    assert {e.rank for e in read.evidence.ranks} == {0, 1, 2}
+    assert any("rank 1: no rank_1 folder" in p for p in read.problems)
+
+
+def test_write_atomic_masks_secrets_and_leaves_no_temporary_file(tmp_path, monkeypatch):
+    from elastic_diag import redaction
+    from elastic_diag.layout import write_atomic, write_json_atomic
+
+    monkeypatch.setattr(redaction, "_CURRENT", redaction.Redactor({"s3cr3t-value-123"}))
+    write_json_atomic(tmp_path / "a.json", {"token": "s3cr3t-value-123"})
+    write_atomic(tmp_path / "b.bin", b"\x00s3cr3t-value-123")  # bytes are written as they are
+    assert "s3cr3t" not in (tmp_path / "a.json").read_text()
+    assert (tmp_path / "b.bin").read_bytes() == b"\x00s3cr3t-value-123"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.json", "b.bin"]

@@ -47,7 +47,7 @@ LAYER_OF = {
 }  # fmt: skip
 MAY_IMPORT = {
     "base": {"base"},
-    "layout": {"base", "core"},  # the readers build the core's records (imported when first called)
+    "layout": {"base", "core", "layout"},  # the readers build the core's records; writes go through the redactor
     "core": {"base", "core", "layout"},  # layout's names only (schema ids): no reader is called from the core
     "report": {"base", "layout", "core", "report", "offline"},  # the page of a missing report: its analysis
     "offline": {"base", "layout", "core", "report", "offline"},

@@ -12,7 +12,8 @@ from typing import Any
 from elastic_diag.agent.restart import RestartGate, diagnosis_id, resume_env
 from elastic_diag.config import DiagConfig
 from elastic_diag.core.classify import classify_attempt
-from elastic_diag.core.evidence import AttemptEvidence, ExceptionRecord, RankEvidence
+from elastic_diag.core.evidence import AttemptEvidence, RankEvidence
+from elastic_diag.core.exceptions import ExceptionRecord
 from elastic_diag.core.verdict import Diagnosis
 from elastic_diag.gate import policy
 from elastic_diag.layout import ENV_PREVIOUS_DIAGNOSIS, ENV_RESUME_FROM

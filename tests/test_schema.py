@@ -14,10 +14,13 @@ import jsonschema
 import pytest
 
 from elastic_diag.core import merge as nodes
-from elastic_diag.core.evidence import AttemptEvidence, ErrorLine, ExceptionRecord, RankEvidence, parse_stack_dump
+from elastic_diag.core.evidence import AttemptEvidence, ErrorLine, RankEvidence
+from elastic_diag.core.exceptions import ExceptionRecord
+from elastic_diag.core.progress import NonFinite, Progress
+from elastic_diag.core.schema_ids import ANALYSIS_SCHEMA, NODE_RECORD_SCHEMA, REPORT_SCHEMA
+from elastic_diag.core.stacks import parse_stack_dump
 from elastic_diag.core.taxonomy import FAILURE_CLASSES
 from elastic_diag.core.verdict import ROLES, Diagnosis
-from elastic_diag.layout import ANALYSIS_SCHEMA, NODE_RECORD_SCHEMA, REPORT_SCHEMA
 from elastic_diag.offline.analyze import analyze_paths
 from elastic_diag.report.document import AttemptRecord, build_report
 from elastic_diag.report.schema import SCHEMA_FILES, load_schema, validate
@@ -111,7 +114,8 @@ def _oom_node() -> AttemptEvidence:
     """The culprit's node (benchmarks/merge.py): one rank out of memory, its peer in the watchdog."""
     return AttemptEvidence(attempt=0, decided_at=1602.0, ranks=(
         RankEvidence(rank=0, local_rank=0, node="host-0", pid=4242, exit_code=1, exit_time=1000.2, start_time=10.0,
-                     exception=OOM, stderr_tail=(f"{OOM.type}: {OOM.message}",), progress_time=999.0, steps=12,
+                     exception=OOM, stderr_tail=(f"{OOM.type}: {OOM.message}",),
+                     progress=Progress(progress_time=999.0, steps=12),
                      error_line=ErrorLine(time=999.9, text="Traceback (most recent call last):", arrival=999.9,
                                           logged=None, exception=OOM)),
         RankEvidence(rank=1, local_rank=1, node="host-0", exit_code=-6, exit_time=1601.0,
@@ -126,7 +130,7 @@ def _hung_node() -> AttemptEvidence:
             "detected_at": 60.0}  # fmt: skip
     return AttemptEvidence(attempt=2, decided_at=61.0, hang=hang, came_up=True, ranks=(
         RankEvidence(rank=2, local_rank=0, node="host-1", pid=7, alive_at_decision=True, stopped_by_agent=True,
-                     stack=parse_stack_dump(STACK), thread_exception=dead, nonfinite={"backward": 4, "time": 40.0}),
+                     stack=parse_stack_dump(STACK), thread_exception=dead, nonfinite=NonFinite(backward=4, time=40.0)),
         RankEvidence(rank=3, local_rank=1, node="host-1"),  # nothing known
     ))  # fmt: skip
 

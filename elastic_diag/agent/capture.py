@@ -45,8 +45,9 @@ from elastic_diag.agent.stall import StallSnapshots
 from elastic_diag.agent.tailer import StreamTailer
 from elastic_diag.config import DiagConfig
 from elastic_diag.core.environment import environment_findings
-from elastic_diag.core.evidence import AttemptEvidence, RankEvidence, as_seconds, parse_stack_dump
-from elastic_diag.core.flight_recorder import RankRecord
+from elastic_diag.core.evidence import AttemptEvidence, RankEvidence
+from elastic_diag.core.progress import kernel_from_json
+from elastic_diag.core.stacks import parse_stack_dump
 from elastic_diag.core.stall import StallRecord
 from elastic_diag.core.verdict import AttemptStatus, Diagnosis
 from elastic_diag.layout import (
@@ -54,23 +55,18 @@ from elastic_diag.layout import (
     EXCEPTION_FILE,
     FILTERED_STDERR_FILE,
     FILTERED_STDOUT_FILE,
-    NONFINITE_FILE,
     PROGRESS_FILE,
     ROOT_CAUSE_FILE,
     STACKS_FILE,
     STDERR_FILE,
     STDOUT_FILE,
-    WORKER_FILE,
     AttemptLayout,
     RankLayout,
-    read_exception,
-    read_flight_record,
-    read_json,
-    read_progress,
-    read_tail,
-    read_thread_exception,
+    read_attempt,
+    stack_file_size,
+    write_json_atomic,
+    write_launcher_record,
 )
-from elastic_diag.report.document import write_json_atomic
 from elastic_diag.report.session import DiagSession
 
 if TYPE_CHECKING:
@@ -171,7 +167,8 @@ class AttemptCapture:
         self.alive_at_decision: set[int] = set()
         self.problems: list[str] = []
         self.final_evidence: AttemptEvidence | None = None
-        self.stacks: dict[int, str] = {}
+        self.stacks: dict[int, str] = {}  # the stacks taken at the verdict, by local rank
+        self.stack_offsets: dict[int, int] = {}  # where each begins in the rank's stacks.txt
         self.diagnosis: Diagnosis | None = None
         self.hang: HangAlarm | None = None
         self.missing_evidence: list[str] = []
@@ -271,6 +268,7 @@ class AttemptCapture:
             targets = {lr: (self.workers[lr].proc.pid, self.workers[lr].layout) for lr in silent}
             request = f"failure-{self.attempt.attempt}-{self.decided_at:.6f}"
             with self.dump_lock:
+                self.stack_offsets = {lr: stack_file_size(self.workers[lr].layout.dir) for lr in targets}
                 self.stacks, _ = request_dumps(targets, self.config.stack_timeout_s, request, clock=self._monotonic,
                                                sleep=self._sleep)  # fmt: skip
         evidence = self.evidence(final=False)
@@ -313,6 +311,7 @@ class AttemptCapture:
         self.decided = True  # no stall snapshot starts from now on
         request = f"hang-{self.attempt.attempt}-{self.decided_at:.6f}"
         with self.dump_lock:
+            self.stack_offsets = {lr: stack_file_size(self.workers[lr].layout.dir) for lr in targets}
             self.stacks, answered = request_dumps(targets, timeout, request, clock=self._monotonic, sleep=self._sleep)
         for lr in sorted(alive - answered):
             self.missing_evidence.append(
@@ -381,7 +380,9 @@ class AttemptCapture:
             self._sleep(POLL_S)
 
     def evidence(self, *, final: bool) -> AttemptEvidence:
-        """Every rank's evidence as it stands now (``final``: after torch's teardown)."""
+        """Every rank's evidence as it stands now (``final``: after torch's teardown): what the launcher saw is
+        written to ``launcher.json``, then the attempt's folder is read back as a whole (:func:`read_attempt`),
+        as ``elastic-diag analyze`` reads it: the live verdict is the verdict on what is on disk."""
         codes = self._poll()
         with self.session.guard("reading the ranks' output"):
             self.tailer.poll(final=final)  # catch up with what the ranks printed until now
@@ -389,30 +390,26 @@ class AttemptCapture:
         kernel: dict[int, dict[str, Any]] = {}
         with self.session.guard("reading the kernel's evidence of a SIGKILL"):
             kernel = self.kernel_evidence(codes, stopped)
-        ranks = []
-        problems: list[str] = []
-        came_up: bool | None = None
-        for lr, w in sorted(self.workers.items()):
-            record, problem = read_flight_record(w.layout.dir, w.rank)
-            if problem:
-                problems.append(problem)
-            progress = read_progress(w.layout.path(PROGRESS_FILE)) or {}
-            if progress:
-                came_up = bool(came_up) or _completed_a_collective(progress) or bool(record and record.groups)
-            ranks.append(self._rank_evidence(w, codes[lr], lr in alive, lr in stopped, record, progress,
-                                             kernel.get(lr)))  # fmt: skip
-        problems.extend(self.tailer.problems)
-        problems.extend(evidence_gaps(ranks, self.tailer))
-        self.problems = [*self.missing_evidence, *problems]
-        return AttemptEvidence(
+        seen = AttemptEvidence(
             attempt=self.attempt.attempt,
-            ranks=tuple(ranks),
+            ranks=tuple(
+                RankEvidence(rank=w.rank, local_rank=lr, node=self.node, pid=w.proc.pid, exit_code=codes[lr],
+                             exit_time=self.exit_time(lr), alive_at_decision=lr in alive,
+                             stopped_by_agent=lr in stopped, kernel=kernel_from_json(kernel.get(lr)))
+                for lr, w in sorted(self.workers.items())
+            ),
             run_id=self.session.run_id,
             decided_at=self.decided_at,
             hang=self.hang.to_json() if self.hang is not None else None,
-            came_up=came_up,
-            stalls=self.stall_records,
-        )
+        )  # fmt: skip
+        offsets = {self.workers[lr].rank: offset for lr, offset in self.stack_offsets.items() if self.stacks.get(lr)}
+        write_launcher_record(self.attempt.dir, seen, node=self.node, tail_lines=self.config.tail_lines,
+                              stack_offsets=offsets)  # fmt: skip
+        read = read_attempt(self.attempt.dir, tail_lines=self.config.tail_lines)
+        problems = [*read.problems, *self.tailer.problems]
+        problems.extend(evidence_gaps(list(read.evidence.ranks), self.tailer))
+        self.problems = [*self.missing_evidence, *problems]
+        return read.evidence
 
     def _alive_and_stopped(self, codes: dict[int, int | None], final: bool) -> tuple[set[int], set[int]]:
         """The ranks alive when the verdict was taken, and those the launcher's teardown ended (SIGTERM, or
@@ -429,38 +426,6 @@ class AttemptCapture:
                     alive.add(lr)
         stopped = {lr for lr in alive if codes.get(lr) in (-signal.SIGTERM, -signal.SIGKILL)} if final else set()
         return alive, stopped
-
-    def _rank_evidence(self, w: Worker, code: int | None, alive: bool, stopped: bool, record: RankRecord | None,
-                       progress: dict[str, Any], kernel: dict[str, Any] | None = None) -> RankEvidence:  # fmt: skip
-        """One rank's evidence: its exit, what it recorded of itself, what it printed, its stacks."""
-        lr = w.local_rank
-        info = read_json(w.layout.path(WORKER_FILE)) or {}
-        start = info.get("start_time")
-        stack_text = self.stacks.get(lr, "")
-        return RankEvidence(
-            rank=w.rank,
-            local_rank=lr,
-            node=self.node,
-            pid=w.proc.pid,
-            exit_code=code,
-            exit_time=self.exit_time(lr),
-            start_time=float(start) if isinstance(start, int | float) else None,
-            alive_at_decision=alive,
-            stopped_by_agent=stopped,
-            exception=read_exception(w.layout.dir),
-            stderr_tail=read_tail(w.layout.path(STDERR_FILE), self.config.tail_lines),
-            stdout_tail=read_tail(w.layout.path(STDOUT_FILE), 10),
-            stack=parse_stack_dump(stack_text) if stack_text else None,
-            evidence_dir=str(w.layout.dir),
-            flight_record=record,
-            nonfinite=read_json(w.layout.path(NONFINITE_FILE)),
-            step_durations=tuple(float(d) for d in progress.get("step_durations") or () if isinstance(d, int | float)),
-            progress_time=as_seconds(progress.get("progress_time")),
-            steps=int(progress["steps"]) if isinstance(progress.get("steps"), int) else None,
-            error_line=self.tailer.first_error(lr),
-            thread_exception=read_thread_exception(w.layout.dir),
-            kernel=kernel,
-        )
 
     @property
     def stall_records(self) -> tuple[StallRecord, ...]:
@@ -567,13 +532,3 @@ def evidence_gaps(ranks: list[RankEvidence], tailer: StreamTailer) -> list[str]:
             gaps.append(f"rank {ev.rank}: {skipped} bytes of its output went unread for errors (it printed faster "
                         "than the line clock reads); the end of each stream was read")  # fmt: skip
     return gaps
-
-
-def _completed_a_collective(progress: dict[str, Any]) -> bool:
-    for status in (progress.get("pg_status") or {}).values():
-        try:
-            if int(status.get("last_completed_collective", -1)) >= 1:
-                return True
-        except (AttributeError, TypeError, ValueError):
-            continue
-    return bool(progress.get("steps"))

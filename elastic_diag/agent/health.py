@@ -31,7 +31,6 @@ unit tests.
 
 from __future__ import annotations
 
-import json
 import math
 import statistics
 import threading
@@ -41,6 +40,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from elastic_diag.core.progress import Progress, Watch
 from elastic_diag.layout import read_progress
 
 AUTO_FACTOR = 10.0
@@ -64,7 +64,7 @@ class _RankState:
     moved_at: float | None = None
     steps: int = 0
     durations: tuple[float, ...] = ()
-    watch: Any = None
+    watch: Watch | None = None
     seen: bool = False
     in_collective: bool = False  # its last snapshot: a collective enqueued and not completed
     exiting: bool = False  # the rank's interpreter is shutting down (its beacon said so at exit)
@@ -165,30 +165,24 @@ class HealthMonitor:
         median = self._median_step(WARMUP_STEPS)  # once 3 steps are seen: a hang at step 3 is a stall in 5 s
         return STALL_START_S if median is None else max(STALL_FLOOR_S, STALL_FACTOR * median)
 
-    def observe(self, rank: int, data: dict[str, Any] | None, now: float) -> None:
+    def observe(self, rank: int, progress: Progress | None, now: float) -> None:
         st = self.ranks[rank]
-        if data is None:
+        if progress is None:
             return
-        pg = data.get("pg_status") or {}
-        seqs = tuple(sorted((str(k), str(v.get("last_enqueued_collective")), str(v.get("last_completed_collective")))
-                            for k, v in pg.items() if isinstance(v, dict)))  # fmt: skip
-        watch = data.get("watch")
-        key = (data.get("steps"), data.get("backward"), data.get("heartbeats"), seqs, json.dumps(watch))
+        key = progress.activity()
         if key != st.key:
             st.key, st.changed_at = key, now
-        forward = (key[0], key[1], key[2], tuple(s[:2] for s in seqs), key[4])
+        forward = progress.forward_activity()
         if forward != st.forward:
             st.forward, st.moved_at = forward, now
         # watched once it shows training activity: a script that never starts a process group, an
         # optimizer or a heartbeat is not a distributed job this monitor can judge
-        st.exiting = bool(data.get("exiting"))
-        st.seen = st.seen or bool(seqs or data.get("steps") or data.get("backward") or data.get("heartbeats") or watch)
-        st.in_collective = any(int(v.get("last_enqueued_collective", -1)) > int(v.get("last_completed_collective", -1))
-                               for v in pg.values() if isinstance(v, dict))  # fmt: skip
-        st.steps = int(data.get("steps") or 0)
-        durations = data.get("step_durations") or []
-        st.durations = tuple(float(d) for d in durations if isinstance(d, int | float))
-        st.watch = watch
+        st.exiting = progress.exiting
+        st.seen = st.seen or progress.started
+        st.in_collective = progress.in_collective
+        st.steps = progress.steps or 0
+        st.durations = progress.step_durations
+        st.watch = progress.watch
 
     def check(self, now: float | None = None) -> HangAlarm | None:
         """Read every progress file once and decide; the first alarm sticks."""
@@ -206,11 +200,11 @@ class HealthMonitor:
             return None
         for r, st in seen.items():
             w = st.watch
-            if isinstance(w, list) and len(w) == 3 and isinstance(w[2], int | float) and isinstance(w[1], int | float):
-                over = wall - w[1]
-                if over > w[2]:
-                    self.alarm = HangAlarm(threshold_s=float(w[2]), stalled_s=over, rank=r, detected_at=wall,
-                                           reason=f"rank {r} stayed in watch({w[0]!r}) past its timeout")  # fmt: skip
+            if w is not None and w.timeout is not None:
+                over = wall - w.since
+                if over > w.timeout:
+                    self.alarm = HangAlarm(threshold_s=w.timeout, stalled_s=over, rank=r, detected_at=wall,
+                                           reason=f"rank {r} stayed in watch({w.name!r}) past its timeout")  # fmt: skip
                     return self.alarm
         threshold = self.threshold()
         last = max(st.changed_at for st in seen.values() if st.changed_at is not None)

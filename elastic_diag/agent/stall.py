@@ -34,7 +34,7 @@ from typing import Any
 from elastic_diag.agent.clock import Clock
 from elastic_diag.agent.dumps import STACK_LIMIT, native_stacks_of, request_dumps
 from elastic_diag.agent.health import Stall
-from elastic_diag.core.evidence import parse_stack_dump
+from elastic_diag.core.stacks import parse_stack_dump
 from elastic_diag.core.stall import StallRank, StallRecord, label_outcomes, stall_to_json, stall_warning
 from elastic_diag.layout import (
     FR_FILE,

@@ -1,52 +1,40 @@
-"""Attribution: which rank failed first, and why, as an ordered tuple of named rules.
+"""Attribution: which rank failed first, and why. Every decision of the verdict is here, in the order it is
+taken, the same for the live agent and for ``elastic-diag analyze`` (whatever the evidence came from):
 
-Each rule takes the attempt's :class:`~elastic_diag.core.context.Context` (the evidence, every rank's
-:class:`~elastic_diag.core.findings.RankFinding`, the comparison of the flight recorders, the ranks named
-by their peers' lines) and returns a :class:`~elastic_diag.core.verdict.Diagnosis` or None. The first
-rule that returns one decides, and the verdict names it (``Diagnosis.rule``). The order is the
-product's contract (docs/attribution.md, where each rule has the scenario that exercises it):
+1. :data:`STEPS` complete the evidence where no launcher watched the ranks (each rank's exit from the
+   launchers' lines, the exits the logs never show, the ranks only their peers speak of); on live
+   evidence they change nothing.
+2. :data:`VOTES` are checks across ranks that no single line shows (the watchdogs' sequence numbers
+   compared, a line with no rank naming one); with the ranks named by their peers' own lines, they are the
+   votes :func:`~elastic_diag.core.attribution.named_by_peers` counts.
+3. :data:`RULES`, tried in order: each takes the attempt's :class:`~elastic_diag.core.context.Context` (the
+   evidence, every rank's :class:`~elastic_diag.core.findings.RankFinding`, the comparison of the flight
+   recorders, the votes) and returns a :class:`~elastic_diag.core.verdict.Diagnosis` or None. The first that
+   returns one decides, and the verdict names it (``Diagnosis.rule``).
+4. :data:`REFINEMENTS` may replace that verdict where evidence of a kind the rules read as something else
+   tells more (several NCCL watchdogs stuck at once; TORCH_DISTRIBUTED_DEBUG=DETAIL's reports); the verdict
+   then names the refinement.
+5. The suspect (:mod:`~elastic_diag.core.suspects`): a verdict that names no rank while the ranks only
+   waited gives the rank that stands out, without proof, as ``suspected_rank``.
 
-1. ``all_succeeded``: every rank exited 0.
-2. ``nonfinite_first``: a rank's own loss went non-finite first (the beacon saw it backpropagated),
-   and no rank failed on its own before that.
-3. ``same_failure_everywhere``: every rank failed on its own, the same way (an import error, a bad
-   config, a missing file): no rank is picked, ``all_ranks`` is true.
-4. ``own_failure_first``: the rank whose own failure began first: its own exception, fatal signal
-   or exit, or the error it printed before cleaning up. The strongest evidence there is: every rule
-   below is an inference and applies only when no rank failed on its own.
-5. ``named_in_exception``: every rank raised a framework's wrapper exception that names the rank
-   that failed (torch.distributed.checkpoint's ``CheckpointException ranks:dict_keys([2])``); the
-   class is the inner error's.
-6. ``schedule_parted``: the flight recorders show one rank issuing a different collective
-   (``collective_desync``) or the same one with other sizes (``collective_mismatch``).
-7. ``named_by_peers``: the peers' lines name a rank (monitoredBarrier, NCCL's desync report).
-8. ``missing_from_collective``: the peers entered a collective that one rank never entered.
-9. ``hang_alarm``: the health monitor's alarm names a rank past its own watch timeout.
-10. ``alive_outside_collective``: a rank was alive outside any collective while its peers waited.
-11. ``outside_collective_at_stall``: the stall snapshot, taken while every rank was stuck and before any
-    teardown, saw a rank outside any collective while its peers waited in one (it has since died, been
-    stopped or entered the collective late).
-12. ``odd_location``: every failure is a symptom, and one rank's code was somewhere else than all
-    its peers' (who agree).
-13. ``only_rank_without_error``: the one rank that neither failed nor reported a timeout.
-14. ``exited_while_peers_waited``: the one rank that exited 0 while its peers waited for it.
-15. ``schedules_disagree``: the flight recorders disagree at a collective with no majority (two
-    ranks, one against one): both sides, no rank named.
-16. ``no_rank_named``: the evidence names no rank; the summary says why.
-
-How a decision becomes a Diagnosis (roles, summary, decisive lines) is :mod:`elastic_diag.core.naming`.
-Pure: no torch, no I/O, no clock.
+The order is the product's contract; docs/attribution.md is generated from these tuples and each
+function's docstring (``python tools/attribution_doc.py``). How a decision becomes a Diagnosis (roles,
+summary, decisive lines) is :mod:`elastic_diag.core.naming`. Pure: no torch, no I/O, no clock.
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import replace
 
-from elastic_diag.core.context import Context, Rule, build_context
+from elastic_diag.core.context import Context, Rule, Vote, build_context
+from elastic_diag.core.evidence import AttemptEvidence
 from elastic_diag.core.findings import RankFinding
+from elastic_diag.core.fingerprints import detail_fingerprints
+from elastic_diag.core.launcher_exits import exits_from_launchers, exits_from_lines, named_ranks_exist, watchdog_aborts
 from elastic_diag.core.naming import (
-    finding_json,
+    divergence_json,
     named_verdict,
     on_node,
     rank_verdict,
@@ -54,11 +42,43 @@ from elastic_diag.core.naming import (
     roles_of,
     schedule_verdict,
     unattributed,
+    unnamed_lead,
 )
-from elastic_diag.core.taxonomy import Signature
+from elastic_diag.core.suspects import with_suspect
+from elastic_diag.core.taxonomy import Signature, Taxonomy, load_taxonomy
 from elastic_diag.core.verdict import MAX_EVIDENCE_LINES, Diagnosis, Role, format_ranks, ranks_phrase, were
+from elastic_diag.core.watchdogs import stuck_together, watchdog_out_of_step, watchdogs_disagree_on_op, watchdogs_part
 
 NAN_TOGETHER_S = 30.0
+
+Step = Callable[[AttemptEvidence, Taxonomy], AttemptEvidence]
+VoteCheck = Callable[[AttemptEvidence, Taxonomy], list[Vote]]
+Refinement = Callable[[Context, Diagnosis, Callable[[Context], Diagnosis]], Diagnosis | None]
+
+
+def settle(evidence: AttemptEvidence, taxonomy: Taxonomy | None = None) -> AttemptEvidence:
+    """The evidence after :data:`STEPS` (what the rules see; idempotent)."""
+    tax = taxonomy or load_taxonomy()
+    for step in STEPS:
+        evidence = step(evidence, tax)
+    return evidence
+
+
+def judge(
+    evidence: AttemptEvidence, taxonomy: Taxonomy | None = None, extra_votes: list[Vote] | None = None
+) -> Diagnosis:
+    """The verdict on one attempt: the steps, the votes, the first rule that decides, the refinements, the
+    suspect. ``extra_votes``: (rank, signature, explanation) of checks a caller made across ranks."""
+    tax = taxonomy or load_taxonomy()
+    evidence = settle(evidence, tax)
+    votes = [vote for check in VOTES for vote in check(evidence, tax)] + list(extra_votes or ())
+    ctx = build_context(evidence, tax, votes)
+    verdict = attribute(ctx)
+    for refine in REFINEMENTS:
+        better = refine(ctx, verdict, attribute)
+        if better is not None:
+            verdict = replace(better, rule=refine.__name__)
+    return with_suspect(ctx, verdict)
 
 
 def attribute(ctx: Context, rules: tuple[Rule, ...] | None = None) -> Diagnosis:
@@ -70,28 +90,100 @@ def attribute(ctx: Context, rules: tuple[Rule, ...] | None = None) -> Diagnosis:
     raise AssertionError("no_rank_named always decides")  # pragma: no cover
 
 
+def named_in_unranked_lines(evidence: AttemptEvidence, taxonomy: Taxonomy) -> list[Vote]:
+    """Ranks named by lines that belong to no rank themselves (an indented line of NCCL's desync report, a
+    report pasted without its prefixes): the same votes a rank's own line naming them gives."""
+    votes: list[Vote] = []
+    for line in evidence.unranked:
+        for sig, m in taxonomy.match_line(line.text):
+            peers = m.groupdict().get("peers")
+            if peers and not sig.wraps:
+                votes.extend((int(p), sig, line.text) for p in peers.replace(" ", "").split(",") if p.isdigit())
+    return votes
+
+
 # --- the rules, in the order they are tried -----------------------------------------------------
 
 
+def lines_without_rank(ctx: Context) -> Diagnosis | None:
+    """No rank is known at all, and lines that belong to no rank show a failure (a line or two pasted from
+    a log, a console without rank prefixes): their most specific signature, and no rank."""
+    if ctx.evidence.ranks or not ctx.evidence.unranked:
+        return None
+    known = [(sig, line) for line in ctx.evidence.unranked if (sig := ctx.taxonomy.find(line.signature)) is not None]
+    if not known:
+        return None
+    sig, best = max(known, key=lambda k: k[0].priority)
+    return Diagnosis(
+        failure_class=sig.failure_class,
+        signature_id=sig.id,
+        summary=f"{sig.title}; no line names a rank, so the initiating rank cannot be told ({best.text[:200]}).",
+        evidence=(best.text,),
+        fix=sig.fix,
+        verify=sig.verify,
+        retryable=sig.retryable,
+    )
+
+
 def all_succeeded(ctx: Context) -> Diagnosis | None:
-    """Every rank exited 0."""
-    if ctx.failing or not all(f.state == "succeeded" for f in ctx.findings.values()):
+    """``healthy``: every rank's exit is known and was 0 (the launcher watched it, or a launcher's line says
+    so). A failed job is never called healthy: any failure, alarm or comparable flight record skips it."""
+    if ctx.failing or not ctx.findings or not all(f.state == "succeeded" for f in ctx.findings.values()):
         return None
     return Diagnosis(failure_class="healthy", summary="All ranks finished successfully.",
                      roles={r: "healthy" for r in ctx.findings})  # fmt: skip
 
 
+def nothing_failed(ctx: Context) -> Diagnosis | None:
+    """No rank is known to have failed, no line without a rank shows a failure and no flight record is there
+    to compare, but not every exit is known to be 0 (logs): ``healthy`` only when a line says the run ended
+    well and no line shows a failure; a failure seen in lines no rule could use is ``unknown``, with those
+    lines; and with neither, ``unknown``: the logs may be cut, or the job still running."""
+    ev = ctx.evidence
+    if ctx.failing or ev.unranked or any(r.flight_record is not None or r.failed for r in ev.ranks):
+        return None
+    unknown: dict[int, Role] = {r: "unknown" for r in ctx.findings}
+    if ev.failure_lines:
+        lines = ev.failure_lines[:MAX_EVIDENCE_LINES]
+        return Diagnosis(
+            failure_class="unknown",
+            summary=(
+                f"The logs show a failure ({lines[0][:200]}), but no rank can be named: no line of it says "
+                "which rank failed or when, and no rank's own error is in these files. Add every rank's output "
+                "(torchrun --tee 3, or the --log-dir folder) to tell the rank that failed first."
+            ),
+            evidence=lines,
+            roles=unknown,
+        )
+    if not ev.completions:
+        return Diagnosis(
+            failure_class="unknown",
+            summary=(
+                "No rank reported an error in these logs, but nothing in them says the run ended well either "
+                "(no completion line from torchrun's agent, the launcher or the training loop): the logs may "
+                "be cut, or the job may still be running."
+            ),
+            roles=unknown,
+        )
+    return Diagnosis(
+        failure_class="healthy",
+        summary=f"No rank reported an error in these logs, and the run ended well ({ev.completions[0][:200]}).",
+        evidence=ev.completions[:2],
+        roles={r: "healthy" for r in ctx.findings},
+    )
+
+
 def nonfinite_first(ctx: Context) -> Diagnosis | None:
-    """The rank whose own loss went non-finite first (by backward count, then time), when no rank
-    failed on its own before that (a non-finite loss fails a job only where something checks it)."""
+    """``nan_inf`` on the rank whose own ``loss.backward()`` saw a non-finite loss first (by backward count,
+    then time), when no rank failed on its own before that. With data parallelism every rank then fails on
+    the averaged gradients, the same way; only the beacon's record tells whose local loss went first."""
     if not ctx.failing:
         return None
     marks = []
     for ev in ctx.evidence.ranks:
-        nf = ev.nonfinite
-        if isinstance(nf, dict) and isinstance(nf.get("backward"), int):
-            t = nf.get("time")
-            marks.append((nf["backward"], t if isinstance(t, int | float) else float("inf"), ev.rank))
+        if ev.nonfinite is not None:
+            t = ev.nonfinite.time
+            marks.append((ev.nonfinite.backward, t if t is not None else float("inf"), ev.rank))
     if not marks:
         return None
     marks.sort()
@@ -105,24 +197,26 @@ def nonfinite_first(ctx: Context) -> Diagnosis | None:
     ev = ctx.ev(rank)
     sig = ctx.taxonomy.get("nan-inf-loss")
     roles = roles_around(rank, ctx.findings)
-    nf = ev.nonfinite or {}
+    where = ev.nonfinite.where if ev.nonfinite is not None else None
     summary = (
         f"Rank {rank}{on_node(ev)} backpropagated a non-finite loss first (its backward #{backward}, at "
-        f"{nf.get('where')}); the averaged gradients then carried it to every rank."
+        f"{where}); the averaged gradients then carried it to every rank."
     )
     if marks[1:]:
         summary += " Ranks " + format_ranks([m[2] for m in marks[1:]]) + " had a non-finite loss only later."
     collateral = sorted(r for r, role in roles.items() if role == "collateral")
     if collateral:
         summary += f" {ranks_phrase(collateral)} then failed on the non-finite values."
-    lines = [f"rank {rank}: loss.backward() on a non-finite loss (backward #{backward}) at {nf.get('where')}"]
+    lines = [f"rank {rank}: loss.backward() on a non-finite loss (backward #{backward}) at {where}"]
     lines.extend(f"rank {f.rank}: {f.lines[0]}" for f in ctx.findings.values() if f.rank != rank and f.lines)
     return named_verdict(sig, "nan_inf", ev, summary, lines, roles,
                   exception_type=ev.exception.type if ev.exception else None)  # fmt: skip
 
 
 def same_failure_everywhere(ctx: Context) -> Diagnosis | None:
-    """Every rank failed on its own, the same way: the job's code or configuration, not one rank."""
+    """No rank (``initiating_rank`` null, ``all_ranks`` true), the shared class and exception: every rank failed
+    on its own the same way (numbers that differ by rank, like a shard's, do not count): an import error, a
+    bad config, a missing file. Picking the earliest would blame a rank for the job's code."""
     findings = list(ctx.findings.values())
     if len(findings) < 2 or not all(f.own for f in findings):
         return None
@@ -162,7 +256,9 @@ def same_failure_everywhere(ctx: Context) -> Diagnosis | None:
 
 
 def own_failure_first(ctx: Context) -> Diagnosis | None:
-    """The rank whose own failure began first."""
+    """The rank whose own failure began first, its class from its own evidence: its exception, fatal signal
+    or exit, or the error it printed before cleaning up. A rank's own failure is the strongest evidence there
+    is; every rule below is an inference from the others' view."""
     if not ctx.own:
         return None
     first = ctx.own[0]
@@ -195,7 +291,10 @@ _INNER_EXC = re.compile(r"^(?P<type>[A-Za-z_][\w.]*(?:Error|Exception|Exit|Inter
 
 
 def named_in_exception(ctx: Context) -> Diagnosis | None:
-    """A framework's wrapper exception names the failing rank(s); the class is the inner error's."""
+    """The rank a framework's wrapper exception names, the class of the inner error; no rank when it names
+    every rank. torch.distributed.checkpoint raises the same ``CheckpointException ranks:dict_keys([2])`` on
+    every rank, with rank 2's own traceback in its ``(RANK 2)`` section: the named rank failed, the others
+    only report it."""
     named: dict[int, list[tuple[RankFinding, Signature, str]]] = {}
     for f in ctx.findings.values():
         for r, sig, line in f.named:
@@ -244,7 +343,7 @@ def _inner_error(ctx: Context, rank: int) -> tuple[Signature | None, str | None,
     for ev in sorted(ctx.evidence.ranks, key=lambda e: e.rank != rank):
         if ev.exception is not None:
             texts.append(f"{ev.exception.message}\n{ev.exception.traceback}")
-        texts.append("\n".join(ev.stderr_tail))
+        texts.append("\n".join(dict.fromkeys([*(line.text for line in ev.lines), *ev.stderr_tail])))
     for text in texts:
         section = _section_of(text, rank)
         if section is None:
@@ -278,7 +377,12 @@ def _section_of(text: str, rank: int) -> str | None:
 
 
 def schedule_parted(ctx: Context) -> Diagnosis | None:
-    """The flight recorders show one rank parting from the others' collective schedule."""
+    """``collective_desync`` / ``collective_mismatch`` on the one rank whose flight recorder parts from the
+    majority's: with no rank failed on its own, the first collective where one rank issued another op (a
+    skipped or extra collective) or other sizes (a mismatch) names it. Collectives whose arguments differ by
+    design are compared on what every rank passes (a scatter on its output, a gather on its input, an
+    all_to_all on its op and dtypes). gloo kills the rank that RECEIVES more bytes than its tensor holds before
+    it can leave a record; such a rank had the smaller side, which breaks a one-against-one tie."""
     s = ctx.schedule
     if not ctx.failing or s is None or s.kind not in ("desync", "mismatch") or len(s.ranks) != 1:
         return None
@@ -302,7 +406,9 @@ def schedule_parted(ctx: Context) -> Diagnosis | None:
 
 
 def named_by_peers(ctx: Context) -> Diagnosis | None:
-    """Lines of the peers name the rank that failed (monitoredBarrier, NCCL's desync report, ...)."""
+    """The rank the votes name most: the peers' own lines (monitoredBarrier, NCCL's desync report) and the
+    checks across ranks of :data:`VOTES` (the watchdogs' sequence numbers compared). An explicit statement by
+    the peers, weaker than a rank's own failure."""
     if not ctx.votes:
         return None
     rank = max(ctx.votes, key=lambda r: (len(ctx.votes[r]), -r))
@@ -312,7 +418,8 @@ def named_by_peers(ctx: Context) -> Diagnosis | None:
 
 
 def missing_from_collective(ctx: Context) -> Diagnosis | None:
-    """The peers entered a collective the rank never entered (flight recorders)."""
+    """The rank that never entered the collective its peers wait in: the flight recorders of the waiting ranks
+    are ahead of it."""
     s = ctx.schedule
     if s is None or s.kind != "missing" or len(s.ranks) != 1:
         return None
@@ -324,7 +431,7 @@ def missing_from_collective(ctx: Context) -> Diagnosis | None:
 
 
 def hang_alarm(ctx: Context) -> Diagnosis | None:
-    """The health monitor's alarm names the rank (past its own watch timeout)."""
+    """The rank past its own ``elastic_diag.watch(...)`` timeout: the health monitor's alarm names it."""
     hang = ctx.evidence.hang
     if hang is None or (watched := hang.get("rank")) not in ctx.findings:
         return None
@@ -333,13 +440,16 @@ def hang_alarm(ctx: Context) -> Diagnosis | None:
 
 
 def alive_outside_collective(ctx: Context) -> Diagnosis | None:
-    """A rank alive outside any collective while its peers waited (its stack)."""
+    """``hang``: a rank alive outside any collective while its peers waited, at the frame it was stuck. Its
+    stack was taken before anything was killed."""
     outside = sorted((f for f in ctx.alive if f.in_collective is False), key=lambda f: f.rank)
     return rank_verdict(ctx, outside[0], "") if outside else None
 
 
 def outside_collective_at_stall(ctx: Context) -> Diagnosis | None:
-    """The stall snapshot saw the rank outside any collective while its peers waited in one (core/stall.py)."""
+    """``hang``: the rank the stall snapshot saw outside any collective while its peers waited in one, at the
+    frame it was then. The snapshot was taken while every rank was still stuck, before any watchdog or
+    teardown; the culprit has since died, been stopped or entered the collective late (core/stall.py)."""
     stall = ctx.evidence.stall
     if stall is None or not stall.waiting:
         return None
@@ -348,8 +458,9 @@ def outside_collective_at_stall(ctx: Context) -> Diagnosis | None:
 
 
 def odd_location(ctx: Context) -> Diagnosis | None:
-    """With every failure a symptom: the one rank whose code was somewhere else than all its peers',
-    which agree with each other (at least two of them)."""
+    """``collective_desync`` on the one rank whose code was somewhere else than all its peers' (at least two,
+    who agree), when every failure is a symptom and no flight record of the culprit exists (it died by a
+    signal)."""
     where = {ev.rank: ev.location() for ev in ctx.evidence.ranks if ctx.findings[ev.rank].state != "succeeded"}
     if len(where) < 3 or any(loc is None for loc in where.values()):
         return None
@@ -365,14 +476,16 @@ def odd_location(ctx: Context) -> Diagnosis | None:
 
 
 def only_rank_without_error(ctx: Context) -> Diagnosis | None:
-    """Every other rank reported a timeout or a lost peer; this one reported nothing."""
+    """``hang``: the one rank that neither failed nor reported a timeout while every other rank reported a
+    timeout or a lost peer."""
     if not ctx.symptoms or len(ctx.alive) != 1:
         return None
     return rank_verdict(ctx, ctx.alive[0], "neither failed nor reported a timeout while every other rank did")
 
 
 def exited_while_peers_waited(ctx: Context) -> Diagnosis | None:
-    """The one rank that exited 0 while its peers still waited for it in a collective."""
+    """``collective_desync``: the one rank that exited 0 while its peers still waited for it in a collective
+    (an early ``return`` or ``sys.exit(0)`` on one rank)."""
     early = [f for f in ctx.findings.values() if f.state == "succeeded"]
     if not ctx.symptoms or ctx.alive or len(early) != 1:
         return None
@@ -380,8 +493,8 @@ def exited_while_peers_waited(ctx: Context) -> Diagnosis | None:
 
 
 def schedules_disagree(ctx: Context) -> Diagnosis | None:
-    """The flight recorders disagree at a collective and no majority tells which side parted (two ranks,
-    or one against one): both sides, no rank named."""
+    """No rank, ``collective_mismatch`` / ``collective_desync``, both sides: the flight recorders disagree at
+    one collective and no majority tells which side parted (two ranks, or one against one)."""
     s = ctx.schedule
     if not ctx.failing or s is None or s.kind not in ("desync", "mismatch") or s.ranks:
         return None
@@ -408,30 +521,20 @@ def schedules_disagree(ctx: Context) -> Diagnosis | None:
         collateral_ranks=tuple(sorted(r for r, role in roles.items() if role == "collateral")),
         roles=roles,
         retryable=sig.retryable,
-        collective=finding_json(s, ctx.evidence),
+        collective=divergence_json(s, ctx.evidence),
     )
 
 
 def no_rank_named(ctx: Context) -> Diagnosis:
-    """The evidence names no rank: say so, and why."""
+    """No rank, ``collective_timeout`` or ``unknown``, and why: the evidence cannot name a rank, and the
+    summary says what was seen and what is missing."""
     roles = roles_of(ctx, None)
     collateral_ranks = sorted(r for r, role in roles.items() if role == "collateral")
-    failed = [f for f in ctx.findings.values() if f.state == "failed"]
-    lead = ctx.symptoms[0] if ctx.symptoms else (failed[0] if failed else None)
-    # ranks that waited until their collective timed out come first: the resets and closed connections
-    # of the others follow from the exits of the ranks that timed out
-    timed_out = [f for f in ctx.symptoms if f.failure_class == "collective_timeout"]
-    if timed_out:
-        lead = timed_out[0]
+    lead, cls = unnamed_lead(ctx)
+    no_sig = lead.signature if lead else None
     # a rank that gloo killed for receiving more than its tensor holds proves a mismatch, whoever sent it
     # (send/recv leave no flight record to compare)
     received = [f for f in ctx.symptoms if f.failure_class == "collective_mismatch"]
-    if received:
-        lead = received[0]
-    no_sig = lead.signature if lead else None
-    cls = no_sig.failure_class if no_sig else "unknown"
-    if cls not in ("collective_timeout", "network_error", "collective_mismatch"):
-        cls = "collective_timeout" if ctx.symptoms else "unknown"
     if received:
         summary = (
             f"{ranks_phrase([f.rank for f in received])} {were([f.rank for f in received])} killed by gloo for "
@@ -454,8 +557,12 @@ def no_rank_named(ctx: Context) -> Diagnosis:
     return unattributed(no_sig, cls, summary, waiting, roles, tuple(collateral_ranks))
 
 
+STEPS: tuple[Step, ...] = (exits_from_launchers, watchdog_aborts, named_ranks_exist, exits_from_lines)
+VOTES: tuple[VoteCheck, ...] = (watchdogs_disagree_on_op, watchdog_out_of_step, named_in_unranked_lines)
 RULES: tuple[Rule, ...] = (
+    lines_without_rank,
     all_succeeded,
+    nothing_failed,
     nonfinite_first,
     same_failure_everywhere,
     own_failure_first,
@@ -470,11 +577,9 @@ RULES: tuple[Rule, ...] = (
     only_rank_without_error,
     exited_while_peers_waited,
     schedules_disagree,
+    watchdogs_part,
     no_rank_named,
 )
+REFINEMENTS: tuple[Refinement, ...] = (stuck_together, detail_fingerprints)
 
-
-# --- verdicts -----------------------------------------------------------------------------------
-
-
-__all__ = ["RULES", "Context", "Rule", "attribute", "build_context"]
+__all__ = ["REFINEMENTS", "RULES", "STEPS", "VOTES", "Context", "Rule", "attribute", "build_context", "judge", "settle"]

@@ -1,51 +1,31 @@
 """Classification: evidence in, :class:`~elastic_diag.core.verdict.Diagnosis` out. Pure: no torch, no I/O, no clock.
 
-Two steps:
-
-1. :func:`~elastic_diag.core.findings.examine_rank` turns each rank's evidence into a finding: the
-   signature its evidence matches, and whether it failed on its own or shows a peer's symptom.
-2. :func:`~elastic_diag.core.attribution.attribute` runs the ordered attribution rules
-   (:data:`~elastic_diag.core.attribution.RULES`, docs/attribution.md) on the findings and the comparison
-   of the flight recorders; the first rule that names a verdict decides, and says so in ``rule``.
-
-When the evidence cannot name a rank, ``initiating_rank`` is None and the summary says why. Also here:
-the stragglers of a run (warnings, not failures) and the verdict on a launch that failed outside the
-workers.
+:func:`classify_attempt` is :func:`~elastic_diag.core.attribution.judge`: the steps that complete the
+evidence, the votes, the ordered rules, the refinements and the suspect (docs/attribution.md). When the
+evidence cannot name a rank, ``initiating_rank`` is None and the summary says why. Also here: the
+stragglers of a run (warnings, not failures) and the verdict on a launch that failed outside the workers.
 """
 
 from __future__ import annotations
 
 import statistics
 
-from elastic_diag.core.attribution import attribute, build_context
+from elastic_diag.core.attribution import judge
+from elastic_diag.core.context import Vote
 from elastic_diag.core.evidence import AttemptEvidence
-from elastic_diag.core.findings import examine_rank
-from elastic_diag.core.flight_recorder import compare, lateness_samples
+from elastic_diag.core.flight_recorder import lateness_samples
 from elastic_diag.core.taxonomy import Signature, Taxonomy, load_taxonomy
 from elastic_diag.core.verdict import Diagnosis
-
-RECEIVED_TOO_MUCH = "gloo-received-size-mismatch"
 
 __all__ = ["classify_attempt", "classify_launch_error", "straggler_warnings"]
 
 
 def classify_attempt(
-    evidence: AttemptEvidence,
-    taxonomy: Taxonomy | None = None,
-    extra_votes: list[tuple[int, Signature, str]] | None = None,
+    evidence: AttemptEvidence, taxonomy: Taxonomy | None = None, extra_votes: list[Vote] | None = None
 ) -> Diagnosis:
-    """Attribute one attempt: the initiating rank, its class, every rank's role, and the rule that decided.
-
-    ``extra_votes`` are (rank, signature, explanation) from checks across ranks that no single
-    line shows (the analyzer's comparison of the watchdogs' sequence numbers).
-    """
-    tax = taxonomy or load_taxonomy()
-    findings = {ev.rank: examine_rank(ev, tax, evidence.decided_at) for ev in evidence.ranks}
-    records = {ev.rank: ev.flight_record for ev in evidence.ranks if ev.flight_record is not None}
-    # gloo aborts the rank that RECEIVED more than its tensor holds, before any dump: its smaller side
-    receivers = [r for r, f in findings.items() if f.signature is not None and f.signature.id == RECEIVED_TOO_MUCH]
-    schedule = compare(records, sorted(findings), receivers).finding if records else None
-    return attribute(build_context(evidence, findings, tax, schedule, extra_votes))
+    """Attribute one attempt: the initiating rank (or the suspect), its class, every rank's role, and the rule
+    that decided. ``extra_votes`` are (rank, signature, explanation) from checks a caller made across ranks."""
+    return judge(evidence, taxonomy, extra_votes)
 
 
 STRAGGLER_MIN_S = 0.05

@@ -26,9 +26,11 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from elastic_diag.core.evidence import ErrorLine, ExceptionRecord, as_seconds, exception_from_json, exception_to_json
+from elastic_diag.core.evidence import ErrorLine
+from elastic_diag.core.exceptions import ExceptionRecord, exception_from_json, exception_to_json
 from elastic_diag.core.log_lines import parse_line
 from elastic_diag.core.taxonomy import Signature, Taxonomy
+from elastic_diag.core.values import as_seconds
 
 TRACEBACK = "Traceback (most recent call last):"
 HOOK_FAILED = "Error in sys.excepthook:"

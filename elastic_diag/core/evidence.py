@@ -1,202 +1,33 @@
-"""Evidence records: what is known about one rank of one attempt, as plain frozen data.
+"""The evidence model: what is known about each rank of one attempt, and about the attempt, as plain frozen
+records. Every front-end fills the same records: the live agent and ``elastic-diag analyze`` pointed at an
+evidence folder through :func:`elastic_diag.layout.read_attempt`, the log readers of
+:mod:`elastic_diag.offline` from console output, torchrun log dirs and per-rank files. What a front-end
+cannot see stays empty (a pasted console has no stacks, no flight records, no progress); the rules of
+:mod:`elastic_diag.core.attribution` say what they concluded without it.
 
-Built by the agent (live) or by the log readers (offline) and handed to :mod:`elastic_diag.core.classify`.
-Also the parser of faulthandler stack dumps, which decides whether a rank's main thread was inside
-a collective. No torch import, no I/O.
+The records of one rank (:class:`RankEvidence`): its exit (code, time, whether the launcher stopped it),
+its uncaught exception and a thread's (:mod:`~elastic_diag.core.exceptions`), the first error it printed
+(:class:`ErrorLine`), the error lines it printed (:class:`LogLine`), the tails of its streams, its stack
+(:mod:`~elastic_diag.core.stacks`), its flight record, its progress and first non-finite loss
+(:mod:`~elastic_diag.core.progress`), what the kernel said of its SIGKILL. Of the attempt
+(:class:`AttemptEvidence`): when the verdict was taken, the health monitor's alarm, the stalls, what the
+launchers printed of the workers' exits (:class:`LauncherExit`), lines no rank could be found for, the lines
+that say a rank-local phase began, that the run ended well, or that something failed.
+
+No torch import, no I/O.
 """
 
 from __future__ import annotations
 
-import math
-import re
-import signal
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any, Literal
 
+from elastic_diag.core.exceptions import ExceptionRecord
 from elastic_diag.core.flight_recorder import RankRecord
-
-if TYPE_CHECKING:
-    from elastic_diag.core.stall import StallRecord
-
-# Innermost frames in these parts of torch mean "inside a collective or waiting on one" (DDP's and
-# FSDP's collectives run inside autograd's backward, so a rank blocked there shows autograd frames).
-_COLLECTIVE_PATHS = (
-    "/torch/distributed/",
-    "/torch/nn/parallel/",
-    "/torch/autograd/",
-    "/torch/_tensor.py",
-)
-_THREAD_HEADER = re.compile(r"^(?:Current thread|Thread) (0x[0-9a-f]+)(?: \[[^\]]*\])? \(most recent call first\):")
-_STDLIB = re.compile(r"/lib/python\d+\.\d+/(?!site-packages/|dist-packages/)")
-_FRAME = re.compile(r'^\s+File "(?P<file>[^"]+)", line (?P<line>\d+) in (?P<func>.+)$')
-_CHAIN_SEPARATOR = re.compile(
-    r"\n\s*(?:During handling of the above exception, another exception occurred|"
-    r"The above exception was the direct cause of the following exception):\s*\n"
-)
-
-
-@dataclass(frozen=True, slots=True)
-class ExceptionRecord:
-    """An exception as the worker bootstrap recorded it (or as a rank printed it).
-
-    ``mro``: the qualified names of its class's bases, itself first (so a numpy ``_ArrayMemoryError``
-    is known to be a ``MemoryError``). ``chain``: the exceptions it was raised while handling or from
-    (``__context__`` / ``__cause__``), oldest first, as ``(type, message)``: a cleanup that fails in a
-    collective while handling the rank's own ValueError raises a peer-closed error whose chain holds
-    the cause. ``thread``: the name of the thread that raised it when not the main thread.
-    ``problems``: what could not be recorded (a ``__str__`` that raised, a message cut to size)."""
-
-    type: str
-    message: str
-    traceback: str
-    time: float | None = None
-    mro: tuple[str, ...] = ()
-    chain: tuple[tuple[str, str], ...] = ()
-    thread: str | None = None
-    problems: tuple[str, ...] = ()
-
-    @property
-    def last_line(self) -> str:
-        return f"{self.type}: {self.message}" if self.message else self.type
-
-    def section(self, index: int) -> str:
-        """The part of the traceback text that belongs to the ``index``-th exception of the chain,
-        oldest first (Python prints each one's frames, then "During handling of the above exception,
-        another exception occurred:"); the whole text when it has no such parts."""
-        parts = _CHAIN_SEPARATOR.split(self.traceback)
-        if len(parts) < 2 or not -len(parts) <= index < len(parts):
-            return self.traceback
-        return parts[index]
-
-    def type_names(self) -> tuple[str, ...]:
-        """Its type, then the bases it was recorded with (short and qualified names both match)."""
-        return (self.type, *self.mro) if self.type not in self.mro else self.mro
-
-    def location(self) -> str | None:
-        """``file:line in func`` of the innermost frame of the traceback, if there is one."""
-        frames = re.findall(r'File "([^"]+)", line (\d+), in (\S+)', self.traceback)
-        if not frames:
-            return None
-        file, line, func = frames[-1]
-        return f"{file}:{line} in {func}"
-
-    def user_location(self) -> str | None:
-        """The innermost traceback frame in the user's code (outside torch and the standard library)."""
-        frames = re.findall(r'File "([^"]+)", line (\d+), in (\S+)', self.traceback)
-        for file, line, func in reversed(frames):
-            if _is_user_file(file):
-                return f"{file}:{line} in {func}"
-        return None
-
-
-def _is_user_file(path: str) -> bool:
-    p = path.replace("\\", "/")
-    return (
-        "/torch/" not in p
-        and "/threading.py" not in p
-        and "/site-packages/" not in p
-        and not _STDLIB.search(p)
-        and not p.endswith("elastic_diag/worker/beacon.py")  # the backward hook's own frame
-        and not p.startswith("<")
-    )
-
-
-@dataclass(frozen=True, slots=True)
-class StackFrame:
-    file: str
-    line: int
-    func: str
-
-    def __str__(self) -> str:
-        return f"{self.file}:{self.line} in {self.func}"
-
-
-@dataclass(frozen=True, slots=True)
-class StackDump:
-    """One faulthandler dump of all threads; ``threads[-1]`` is the oldest thread (the main one)."""
-
-    text: str
-    threads: tuple[tuple[StackFrame, ...], ...]
-
-    @property
-    def main_thread(self) -> tuple[StackFrame, ...]:
-        return self.threads[-1] if self.threads else ()
-
-    def in_collective(self) -> bool | None:
-        """Whether the main thread's innermost frame is inside torch.distributed / autograd."""
-        frames = self.main_thread
-        if not frames:
-            return None
-        return any(p in frames[0].file.replace("\\", "/") for p in _COLLECTIVE_PATHS)
-
-    def user_frame(self) -> StackFrame | None:
-        """The innermost main-thread frame outside torch and the standard library's threading."""
-        for f in self.main_thread:
-            if _is_user_file(f.file):
-                return f
-        return self.main_thread[0] if self.main_thread else None
-
-
-def parse_stack_dump(text: str) -> StackDump | None:
-    """Parse faulthandler's ``dump_traceback(all_threads=True)`` text; None when it has no thread."""
-    threads: list[list[StackFrame]] = []
-    for raw in text.splitlines():
-        if _THREAD_HEADER.match(raw):
-            threads.append([])
-            continue
-        m = _FRAME.match(raw)
-        if m and threads:
-            threads[-1].append(StackFrame(m["file"], int(m["line"]), m["func"].strip()))
-    if not threads:
-        return None
-    return StackDump(text=text, threads=tuple(tuple(t) for t in threads))
-
-
-def as_seconds(value: Any) -> float | None:
-    """A time or duration read from JSON written by another process: a finite number, else None."""
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-        return None
-    return float(value)
-
-
-def exception_to_json(
-    exc: ExceptionRecord, *, message_chars: int = 20_000, traceback_chars: int = 100_000, time: float | None = None
-) -> dict[str, Any]:
-    """An ExceptionRecord as JSON (the bootstrap's exception.json shape), bounded; ``time`` replaces its own
-    (a record moved onto another clock)."""
-    return {"type": exc.type, "message": exc.message[:message_chars], "traceback": exc.traceback[-traceback_chars:],
-            "time": exc.time if time is None else time, "mro": list(exc.mro), "chain": [list(c) for c in exc.chain],
-            "thread": exc.thread, "problems": list(exc.problems)}  # fmt: skip
-
-
-def exception_from_json(data: Any) -> ExceptionRecord | None:
-    """exception.json, thread_exception.json, and the exceptions inside first_error.json and the nodes'
-    records, back as an ExceptionRecord; None for anything that is not one (garbled, foreign)."""
-    if not isinstance(data, dict) or not isinstance(data.get("type"), str) or not data["type"]:
-        return None
-    mro, chain, thread = data.get("mro"), data.get("chain"), data.get("thread")
-    return ExceptionRecord(
-        type=data["type"],
-        message=str(data.get("message", "")),
-        traceback=str(data.get("traceback", ""))[:100_000],
-        time=as_seconds(data.get("time")),
-        mro=tuple(str(m) for m in mro) if isinstance(mro, list) else (),
-        chain=tuple((str(c[0]), str(c[1])) for c in chain if isinstance(c, list) and len(c) == 2)
-        if isinstance(chain, list)
-        else (),
-        thread=str(thread) if thread else None,
-        problems=tuple(p for p in data.get("problems") or () if isinstance(p, str)),
-    )
-
-
-def signal_name(exit_code: int | None) -> str | None:
-    """``SIGKILL`` for an exit code of -9 (Popen's convention), else None."""
-    if exit_code is None or exit_code >= 0:
-        return None
-    try:
-        return signal.Signals(-exit_code).name
-    except ValueError:
-        return f"SIG{-exit_code}"
+from elastic_diag.core.progress import KernelEvidence, NonFinite, Progress
+from elastic_diag.core.stacks import StackDump, parse_stack_dump
+from elastic_diag.core.stall import StallRecord, stall_at_failure
+from elastic_diag.core.values import signal_name
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -216,6 +47,81 @@ class ErrorLine:
     stream: str = "stderr"
 
 
+@dataclass(frozen=True, slots=True)
+class WatchdogTimeout:
+    """What a ProcessGroupNCCL watchdog line says of the collective that timed out:
+    ``WorkNCCL(SeqNum=12, OpType=ALLREDUCE, NumelIn=1024, ...)``."""
+
+    seq: int
+    op: str
+    numel: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class FingerprintReport:
+    """One rank's TORCH_DISTRIBUTED_DEBUG=DETAIL "Detected mismatch between collectives on ranks": its own
+    collective and the other rank's it was compared with (either side's fields may be missing where the
+    line is cut)."""
+
+    rank: int
+    seq: int | None
+    op: str | None
+    other: int | None
+    other_seq: int | None
+    other_op: str | None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LogLine:
+    """A line of a log kept as evidence, its prefixes (rank, host, timestamps) taken off: when it says it was
+    written (``time``, epoch seconds; ``clock``, a glog header's "MMDD HH:MM:SS.ffffff" with no year), its
+    position in the read (``order``: orders lines whose time is unknown), where it was read (``source``,
+    ``offset``), the rank it belongs to when it is kept apart from any rank's record (``rank``), the
+    signature the reader matched it with (shown, never decided on: the rules match again), and the fields a
+    watchdog line or a DETAIL fingerprint report carries."""
+
+    text: str
+    time: float | None = None
+    order: int = 0
+    source: str | None = None
+    offset: int | None = None
+    clock: str | None = None
+    rank: int | None = None
+    signature: str | None = None
+    watchdog: WatchdogTimeout | None = None
+    fingerprint: FingerprintReport | None = None
+
+
+# what printed a LauncherExit line
+Launcher = Literal["torchrun", "torch-agent", "deepspeed", "composer", "torchrun-diag", "other"]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LauncherExit:
+    """What a launcher printed of one worker's exit: torchrun's failure summary (``launcher="torchrun"``:
+    an entry of ``ChildFailedError``'s table, ``root`` for its "Root Cause (first observed failure)"), torch's
+    agent's ``failed (exitcode: 1) local_rank: 2 (pid: ...)`` line (``torch-agent``: the first failure the
+    agent saw on its node, a LOCAL rank), DeepSpeed's ``exits with return code = -9`` (``deepspeed``: the
+    global rank when its rank mapping was printed), MosaicML Composer's "Global rank 2 (PID ..) exited with
+    code -7" (``composer``), torchrun-diag's "job succeeded" (``torchrun-diag``, no rank: every rank exited 0).
+    ``rank`` is the global rank where the line (or a mapping printed elsewhere in the log) says it."""
+
+    exit_code: int | None  # None: the entry's exit status was cut off
+    launcher: Launcher = "torchrun"
+    rank: int | None = None
+    local_rank: int | None = None
+    host: str | None = None
+    pid: int | None = None
+    time: float | None = None
+    root: bool = False
+    exception: ExceptionRecord | None = None  # the exception of the summary entry's traceback
+    text: str = ""
+
+    @property
+    def signal(self) -> str | None:
+        return signal_name(self.exit_code)
+
+
 # A rank that made progress this long after an error line it printed had recovered from it.
 RECOVERED_AFTER_S = 1.0
 
@@ -224,9 +130,11 @@ RECOVERED_AFTER_S = 1.0
 class RankEvidence:
     """Everything known about one rank of one attempt.
 
-    ``exit_code`` is None while the rank is alive. ``alive_at_decision`` marks a rank that was
-    still running when the verdict was taken (its stack was dumped then); ``stopped_by_agent``
-    marks one whose exit came from the launcher's own teardown.
+    ``exit_code`` is None while the rank is alive or where no launcher's line tells it (a log);
+    ``alive_at_decision`` marks a rank that was still running when the verdict was taken (its stack was
+    dumped then); ``stopped_by_agent`` marks one whose exit came from the launcher's own teardown.
+    ``order``: where a log was read, the position of the rank's first error line in the read (orders the
+    ranks whose lines carry no time).
     """
 
     rank: int
@@ -241,18 +149,32 @@ class RankEvidence:
     exception: ExceptionRecord | None = None
     stderr_tail: tuple[str, ...] = ()
     stdout_tail: tuple[str, ...] = ()
+    lines: tuple[LogLine, ...] = ()  # the error lines it printed, anywhere in its output, in order
     stack: StackDump | None = None
     evidence_dir: str | None = None
     notes: tuple[str, ...] = field(default=())
     flight_record: RankRecord | None = None
-    nonfinite: dict[str, Any] | None = None  # the first non-finite loss this rank backpropagated
-    step_durations: tuple[float, ...] = ()
-    progress_time: float | None = None  # when the beacon last saw a step, backward or heartbeat
-    steps: int | None = None  # optimizer steps the beacon counted
+    nonfinite: NonFinite | None = None  # the first non-finite loss this rank backpropagated
+    progress: Progress | None = None  # its progress beacon's last record
     error_line: ErrorLine | None = None  # the first error of its own it printed (the launcher's line clock)
     thread_exception: ExceptionRecord | None = None  # the first uncaught exception of one of its threads
-    # a SIGKILLed rank: what the kernel says (agent/kernel.py: proven, line, cgroup, looked_at)
-    kernel: dict[str, Any] | None = None
+    kernel: KernelEvidence | None = None  # a SIGKILLed rank: what the kernel says (agent/kernel.py)
+    order: int | None = None
+    exit_seen: bool = True  # False: no launcher told its exit; ``exit_code`` was inferred from its lines
+
+    @property
+    def steps(self) -> int | None:
+        """Optimizer steps the beacon counted."""
+        return self.progress.steps if self.progress is not None else None
+
+    @property
+    def progress_time(self) -> float | None:
+        """When the beacon last saw a step, backward or heartbeat."""
+        return self.progress.progress_time if self.progress is not None else None
+
+    @property
+    def step_durations(self) -> tuple[float, ...]:
+        return self.progress.step_durations if self.progress is not None else ()
 
     def location(self) -> str | None:
         """Where the rank's own code was when it failed or was stopped: its traceback, the stack the
@@ -312,18 +234,50 @@ class RankEvidence:
         times = [t for t in candidates if t]
         return min(times) if times else None
 
+    def texts(self) -> list[str]:
+        """Every line of its that a rule may match against the taxonomy: the kernel's proof of an OOM kill,
+        its exception's last line, the error lines it printed, its streams' tails."""
+        out: list[str] = []
+        if self.kernel is not None and self.kernel.proven and self.kernel.line:
+            out.append(self.kernel.line)
+        if self.exception is not None:
+            out.append(self.exception.last_line)
+        out.extend(line.text for line in self.lines)
+        out.extend(self.stderr_tail)
+        out.extend(self.stdout_tail)
+        return out
+
+
+# where the evidence came from: a launcher that watched the ranks, or logs read afterwards
+Source = Literal["live", "logs"]
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class AttemptEvidence:
-    """One attempt; ``decided_at`` is when the launcher took its verdict and began the teardown."""
+    """One attempt; ``decided_at`` is when the launcher took its verdict and began the teardown.
+
+    From logs (``source="logs"``) also: what the launchers printed of the workers' exits, the lines no rank
+    could be found for, the lines that say a rank-local phase began (a checkpoint save, an evaluation), that
+    the run ended well, or that something failed (a few of each), and how many processes torch's agent sent a
+    closing signal that no line ties to a rank."""
 
     attempt: int
     ranks: tuple[RankEvidence, ...]
     run_id: str = ""
+    source: Source = "live"
     decided_at: float | None = None
     hang: dict[str, Any] | None = None  # the health monitor's alarm: threshold_s, stalled_s, reason
     came_up: bool | None = None  # a collective completed on some rank (None: no beacon to tell)
     stalls: tuple[StallRecord, ...] = ()  # the stalls the health monitor recorded (core/stall.py), in order
+    launcher_exits: tuple[LauncherExit, ...] = ()
+    unranked: tuple[LogLine, ...] = ()
+    phases: tuple[LogLine, ...] = ()
+    completions: tuple[str, ...] = ()
+    failure_lines: tuple[str, ...] = ()
+    signalled_unknown: int = 0  # processes torch's agent sent a closing signal that no line ties to a rank
+
+    def rank(self, rank: int) -> RankEvidence | None:
+        return next((ev for ev in self.ranks if ev.rank == rank), None)
 
     @property
     def failure_began(self) -> float | None:
@@ -335,6 +289,9 @@ class AttemptEvidence:
     @property
     def stall(self) -> StallRecord | None:
         """The stall under way when the attempt began to fail (its snapshot taken while the ranks were stuck)."""
-        from elastic_diag.core.stall import stall_at_failure
-
         return stall_at_failure(self.stalls, self.failure_began)
+
+    @property
+    def torchrun_root(self) -> int | None:
+        """The rank torchrun's summary named as "Root Cause (first observed failure)", if a log shows it."""
+        return next((e.rank for e in self.launcher_exits if e.root and e.launcher == "torchrun"), None)

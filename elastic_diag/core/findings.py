@@ -22,17 +22,18 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal
 
-from elastic_diag.core.evidence import ExceptionRecord, RankEvidence
+from elastic_diag.core.evidence import RankEvidence
+from elastic_diag.core.exceptions import ExceptionRecord
 from elastic_diag.core.taxonomy import RoleHint, Signature, Taxonomy
 
 _DIGITS = re.compile(r"0x[0-9a-fA-F]+|\d+")
 
 
-# where a rank stood at the verdict
-RankState = Literal["failed", "alive", "stopped", "succeeded"]
+# where a rank stood at the verdict (the launcher's stop of a rank alive then is its evidence's stopped_by_agent)
+RankState = Literal["failed", "alive", "succeeded"]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -49,6 +50,7 @@ class RankFinding:
     own: bool = False  # it failed on its own (not only a symptom of a peer's failure)
     exception: ExceptionRecord | None = None  # the exception its own failure is, when there is one
     printed: bool = False  # its own failure is known from what it printed before its excepthook or exit
+    order: int | None = None  # where its first error line was read, for logs whose lines carry no time
 
     def story(self) -> tuple[str, ...]:
         """What its failure was, without the numbers that differ by rank (shard 2 vs shard 3): two
@@ -61,14 +63,9 @@ class RankFinding:
 
 
 def _rank_lines(ev: RankEvidence) -> list[str]:
-    lines: list[str] = []
-    if ev.kernel is not None and ev.kernel.get("proven") and ev.kernel.get("line"):
-        lines.append(str(ev.kernel["line"]))  # the kernel's proof of an OOM kill of this rank's pid
-    if ev.exception is not None:
-        lines.append(ev.exception.last_line)
-    lines.extend(ev.stderr_tail)
-    lines.extend(ev.stdout_tail)
-    return lines
+    """Its lines, each once: the kernel's proof of an OOM kill, its exception's last line, the error lines it
+    printed, its streams' tails."""
+    return list(dict.fromkeys(ev.texts()))
 
 
 def _best(candidates: list[tuple[Signature, str]]) -> tuple[Signature, str] | None:
@@ -180,6 +177,11 @@ def examine_rank(ev: RankEvidence, taxonomy: Taxonomy, decided_at: float | None 
     A rank alive or stopped at the verdict that printed an error of its own before it (and made no
     progress after) failed on its own too, while it was still cleaning up or stuck after it.
     """
+    finding = _examine(ev, taxonomy, decided_at)
+    return replace(finding, order=ev.order) if ev.order is not None else finding
+
+
+def _examine(ev: RankEvidence, taxonomy: Taxonomy, decided_at: float | None) -> RankFinding:
     state = _state_of(ev, decided_at)
     if state == "succeeded":
         return RankFinding(rank=ev.rank, state="succeeded", failure_class="healthy", time=ev.exit_time)
@@ -204,7 +206,9 @@ def examine_rank(ev: RankEvidence, taxonomy: Taxonomy, decided_at: float | None 
 
 
 def _state_of(ev: RankEvidence, decided_at: float | None) -> RankState:
-    """alive, stopped (by the launcher), succeeded or failed, at the verdict."""
+    """alive, succeeded or failed, at the verdict. A rank alive at the verdict whose exception was recorded
+    before it was dying of it. A rank the launcher's signal ended that was not alive at the verdict (a log
+    shows it failing on its own first) failed: its exit signal is the launcher's, never its class."""
     dying = (
         ev.exception is not None
         and ev.exception.time is not None
@@ -213,8 +217,6 @@ def _state_of(ev: RankEvidence, decided_at: float | None) -> RankState:
     )
     if (ev.exit_code is None or ev.alive_at_decision) and not dying:
         return "alive"
-    if ev.stopped_by_agent and not dying:
-        return "stopped"
     return "succeeded" if ev.exit_code == 0 else "failed"
 
 

@@ -97,7 +97,11 @@ class RankRecord:
 
 
 @dataclass(frozen=True, slots=True)
-class Finding:
+class Divergence:
+    """Where the ranks' collective schedules part: the first collective one rank issued differently
+    (``desync``: another op; ``mismatch``: other sizes, dtypes or op), or one the peers wait in that a rank
+    never entered (``missing``)."""
+
     kind: str  # "desync" | "mismatch" | "missing"
     ranks: tuple[int, ...]  # where the schedules part (the minority), or the ranks missing
     group: str
@@ -108,7 +112,7 @@ class Finding:
 
 @dataclass(slots=True)
 class Comparison:
-    finding: Finding | None = None
+    divergence: Divergence | None = None
     lags: dict[int, float] = field(default_factory=dict)  # rank -> median lateness entering collectives, s
     problems: list[str] = field(default_factory=list)
 
@@ -200,25 +204,25 @@ def compare(
         if len(records) == 1 and receivers and expected is not None and len(receivers) == len(expected) - 1:
             # every rank but one aborted receiving too much: the one left sent it; with two ranks, one
             # against one: both sides, nobody named
-            out.finding = _sender_of_too_much(records, receivers, name=len(receivers) >= 2)
+            out.divergence = _sender_of_too_much(records, receivers, name=len(receivers) >= 2)
         return out
     group_names = sorted({g for rec in records.values() for g in rec.groups})
-    ties: list[Finding] = []
+    ties: list[Divergence] = []
     for group in group_names:
-        finding = _first_divergence(group, records, receivers, ties)
-        if finding is not None:
-            out.finding = finding
+        divergence = _first_divergence(group, records, receivers, ties)
+        if divergence is not None:
+            out.divergence = divergence
             break
-    if out.finding is None and len(receivers) == 1 and absent == receivers:
-        out.finding = _receiver_parted(records, receivers[0])
-    if out.finding is None:
+    if out.divergence is None and len(receivers) == 1 and absent == receivers:
+        out.divergence = _receiver_parted(records, receivers[0])
+    if out.divergence is None:
         for group in group_names:
-            finding = _missing_from_collective(group, records)
-            if finding is not None:
-                out.finding = finding
+            divergence = _missing_from_collective(group, records)
+            if divergence is not None:
+                out.divergence = divergence
                 break
-    if out.finding is None and ties:
-        out.finding = ties[0]
+    if out.divergence is None and ties:
+        out.divergence = ties[0]
     out.lags = lateness(records)
     return out
 
@@ -241,7 +245,7 @@ def _last_common(records: dict[int, RankRecord]) -> tuple[str, Collective] | Non
     return None
 
 
-def _receiver_parted(records: dict[int, RankRecord], receiver: int) -> Finding | None:
+def _receiver_parted(records: dict[int, RankRecord], receiver: int) -> Divergence | None:
     """Every record agrees; the one rank without a record aborted receiving more than its tensor holds:
     its own tensor was the smaller, the odd one."""
     common = _last_common(records)
@@ -254,11 +258,11 @@ def _receiver_parted(records: dict[int, RankRecord], receiver: int) -> Finding |
         f"process group {group}, collective #{c.seq} ({c.describe()}): rank(s) {_join(sorted(records))} agree; rank "
         f"{receiver} aborted receiving more bytes than its own tensor holds, so its tensor was smaller than theirs"
     )
-    return Finding(kind="mismatch", ranks=(receiver,), group=group, seq=c.seq, sides=dict(sorted(sides.items())),
+    return Divergence(kind="mismatch", ranks=(receiver,), group=group, seq=c.seq, sides=dict(sorted(sides.items())),
                    summary=summary)  # fmt: skip
 
 
-def _sender_of_too_much(records: dict[int, RankRecord], receivers: list[int], name: bool = True) -> Finding | None:
+def _sender_of_too_much(records: dict[int, RankRecord], receivers: list[int], name: bool = True) -> Divergence | None:
     """Every rank but one aborted receiving more bytes than it holds: the one left sent them (``name``:
     with two ranks, one against one, it is named as a side only)."""
     ((rank, rec),) = records.items()
@@ -270,14 +274,14 @@ def _sender_of_too_much(records: dict[int, RankRecord], receivers: list[int], na
                                         for r in receivers}}  # fmt: skip
         summary = (f"process group {group}, collective #{c.seq} ({c.describe()}): rank(s) {_join(receivers)} aborted "
                    f"receiving more bytes than their tensors hold from it")  # fmt: skip
-        return Finding(kind="mismatch", ranks=(rank,) if name else (), group=group, seq=c.seq,
+        return Divergence(kind="mismatch", ranks=(rank,) if name else (), group=group, seq=c.seq,
                        sides=dict(sorted(sides.items())), summary=summary)  # fmt: skip
     return None
 
 
 def _first_divergence(
-    group: str, records: dict[int, RankRecord], receivers: Collection[int] = (), ties: list[Finding] | None = None
-) -> Finding | None:
+    group: str, records: dict[int, RankRecord], receivers: Collection[int] = (), ties: list[Divergence] | None = None
+) -> Divergence | None:
     by_rank = {r: rec.groups.get(group, {}) for r, rec in records.items()}
     if sum(1 for s in by_rank.values() if s) < 2:
         return None
@@ -303,7 +307,7 @@ def _first_divergence(
             if ties is not None and not ties:  # no majority (1 against 1): both sides, nobody named
                 sides = {r: c.describe() for r, c in sorted(present.items())}
                 kind = "desync" if len({c.op for c in present.values()}) > 1 else "mismatch"
-                ties.append(Finding(kind=kind, ranks=(), group=group, seq=seq,
+                ties.append(Divergence(kind=kind, ranks=(), group=group, seq=seq,
                                     sides=sides, summary=f"process group {group}, collective #{seq}: the ranks "
                                     f"disagree ({'; '.join(f'rank {r}: {v}' for r, v in sides.items())}) and no "
                                     "majority tells which side parted"))  # fmt: skip
@@ -318,7 +322,7 @@ def _first_divergence(
             f"process group {group}, collective #{seq}: rank(s) {_join(minority)} {what} "
             f"({present[minority[0]].describe()}) than the other {majority_n} rank(s) ({example.describe()})"
         )
-        return Finding(kind=kind, ranks=tuple(minority), group=group, seq=seq, sides=sides, summary=summary)
+        return Divergence(kind=kind, ranks=tuple(minority), group=group, seq=seq, sides=sides, summary=summary)
     return None
 
 
@@ -361,7 +365,7 @@ def _kind(present: dict[int, Collective], by_rank: dict[int, dict[int, Collectiv
     return "desync" if all(present[r].shape in majority_shapes for r in minority) else "mismatch"
 
 
-def _missing_from_collective(group: str, records: dict[int, RankRecord]) -> Finding | None:
+def _missing_from_collective(group: str, records: dict[int, RankRecord]) -> Divergence | None:
     last = {r: max(rec.groups.get(group, {}) or [0]) for r, rec in records.items()}
     top = max(last.values())
     if top <= 0:
@@ -379,7 +383,7 @@ def _missing_from_collective(group: str, records: dict[int, RankRecord]) -> Find
         f"process group {group}, collective #{top} ({op}): rank(s) {_join(ahead)} entered it and wait; "
         f"rank(s) {_join(behind)} never entered it (last entered #{', #'.join(str(last[r]) for r in behind)})"
     )
-    return Finding(kind="missing", ranks=tuple(behind), group=group, seq=top, sides=sides, summary=summary)
+    return Divergence(kind="missing", ranks=tuple(behind), group=group, seq=top, sides=sides, summary=summary)
 
 
 def is_pending(rec: RankRecord, group: str, seq: int) -> bool:

@@ -23,7 +23,9 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta, timezone
 from pathlib import PurePath
 
-from elastic_diag.core.evidence import signal_name
+from elastic_diag.core.evidence import FingerprintReport, LogLine, WatchdogTimeout
+from elastic_diag.core.taxonomy import Signature, Taxonomy
+from elastic_diag.core.values import signal_name
 
 _HOST = re.compile(r"^(?P<host>[a-z0-9][a-z0-9.-]*\d[a-z0-9.-]*): ")
 _RANK = re.compile(r"^\[(?P<kind>rank|default|[A-Za-z_]+?)(?P<rank>\d+)\]:")
@@ -197,6 +199,7 @@ def rank_from_path(path: str | PurePath) -> int | None:
 
 _SUMMARY_START = "ChildFailedError"
 _ROOT = "Root Cause (first observed failure):"
+_FAILURES = "Failures:"  # the table's own start, when it is printed without ChildFailedError's line
 _BLOCK = re.compile(r"^\s*\[(?P<idx>\d+)\]:\s*$")
 _FIELD = re.compile(r"^\s*(?P<key>time|host|rank|exitcode|error_file|traceback)\s*:\s?(?P<value>.*)$")
 _RANK_FIELD = re.compile(r"(?P<rank>\d+) \(local_rank: (?P<local>\d+)\)")
@@ -239,7 +242,7 @@ class SummaryParser:
         return self._in_summary
 
     def feed(self, text: str) -> None:
-        if _SUMMARY_START in text:
+        if _SUMMARY_START in text or (not self._in_summary and text.strip() == _FAILURES):
             self._in_summary = True
             return
         if not self._in_summary:
@@ -319,19 +322,6 @@ _FP_OTHER = re.compile(r"but Rank (?P<rank>\d+) is running collective: Collectiv
                        r"(?:(?:SequenceNumber=(?P<seq>\d+),? ?)?OpType=(?P<op>\w+?)(?=[,)]))?")  # fmt: skip
 _FP_SEQS = re.compile(r"Sequence number: (?P<mine>\d+) ?vs ?(?P<theirs>\d+)")
 _FP_OPS = re.compile(r"Op type: (?P<mine>\w+?) ?vs (?P<theirs>\w+)")
-
-
-@dataclass(frozen=True, slots=True)
-class FingerprintReport:
-    """One rank's "Detected mismatch between collectives on ranks": its own collective and the other
-    rank's it was compared with (either side's fields may be missing where the line is cut)."""
-
-    rank: int
-    seq: int | None
-    op: str | None
-    other: int | None
-    other_seq: int | None
-    other_op: str | None
 
 
 def parse_fingerprint_report(text: str) -> FingerprintReport | None:
@@ -415,3 +405,54 @@ def failure_evidence(text: str) -> bool:
 def completion_line(text: str) -> bool:
     """The line says the run (or this node's part of it) ended well."""
     return _COMPLETION.search(text) is not None
+
+
+# --- the NCCL watchdog's own fields ---------------------------------------------------------------------
+# the op must be followed by its comma or parenthesis: a line a terminal cut may end inside it
+_WATCHDOG = re.compile(r"WorkNCCL\(SeqNum=(?P<seq>\d+), OpType=(?P<op>\w+)(?:[,)]|$)(?: NumelIn=(?P<numel>\d+),)?")
+
+
+def parse_watchdog_timeout(text: str) -> WatchdogTimeout | None:
+    """``WorkNCCL(SeqNum=12, OpType=ALLREDUCE, NumelIn=1024, ...)`` in a watchdog line: the collective."""
+    m = _WATCHDOG.search(text)
+    if m is None:
+        return None
+    return WatchdogTimeout(int(m["seq"]), m["op"], int(m["numel"]) if m["numel"] else None)
+
+
+def evidence_line(
+    text: str,
+    *,
+    time: float | None = None,
+    order: int = 0,
+    source: str | None = None,
+    offset: int | None = None,
+    clock: str | None = None,
+    rank: int | None = None,
+    signature: str | None = None,
+) -> LogLine:
+    """A line kept as evidence (its prefixes already taken off by :func:`parse_line`), with the fields a
+    watchdog line or a DETAIL fingerprint report carries parsed out: every front-end builds its lines here."""
+    return LogLine(
+        text=text, time=time, order=order, source=source, offset=offset, clock=clock, rank=rank, signature=signature,
+        watchdog=parse_watchdog_timeout(text) if "WorkNCCL(" in text else None,
+        fingerprint=parse_fingerprint_report(text) if "CollectiveFingerPrint" in text else None,
+    )  # fmt: skip
+
+
+# an exception's last line: `module.SomeError: message`, also as an excepthook logs it (OLMo: "Uncaught
+# OLMoThreadError: ...")
+EXC_LINE = re.compile(
+    r"^(?:(?:Uncaught|Unhandled) (?:exception:? )?)?"
+    r"(?P<type>(?:[A-Za-z_][\w]*\.)*[A-Z]\w*(?:Error|Exception|Interrupt|Exit))(?::\s?(?P<msg>.*))?$"
+)
+GENERIC_EXCEPTION = "python-exception"
+
+
+def signatures_of(text: str, taxonomy: Taxonomy) -> list[Signature]:
+    """The signatures a line (prefixes taken off) is evidence of: every match, the generic "SomethingError:
+    message" only on a line that is an exception's last line."""
+    found = [sig for sig, _m in taxonomy.match_line(text)]
+    if any(sig.id == GENERIC_EXCEPTION for sig in found) and not EXC_LINE.match(text):
+        found = [sig for sig in found if sig.id != GENERIC_EXCEPTION]
+    return found

@@ -23,19 +23,14 @@ from typing import Any
 
 from elastic_diag.core.classify import classify_attempt
 from elastic_diag.core.error_lines import error_line_from_json, error_line_to_json
-from elastic_diag.core.evidence import (
-    AttemptEvidence,
-    ErrorLine,
-    ExceptionRecord,
-    RankEvidence,
-    as_seconds,
-    exception_from_json,
-    exception_to_json,
-    parse_stack_dump,
-)
+from elastic_diag.core.evidence import AttemptEvidence, ErrorLine, RankEvidence
+from elastic_diag.core.exceptions import ExceptionRecord, exception_from_json, exception_to_json
+from elastic_diag.core.progress import Progress, kernel_from_json, nonfinite_from_json
+from elastic_diag.core.schema_ids import NODE_RECORD_SCHEMA, NODE_VERDICT_SCHEMA
+from elastic_diag.core.stacks import parse_stack_dump
 from elastic_diag.core.stall import StallRecord, stall_from_json, stall_to_json
+from elastic_diag.core.values import as_int, as_seconds
 from elastic_diag.core.verdict import Diagnosis, Role, as_role
-from elastic_diag.layout import NODE_RECORD_SCHEMA, NODE_VERDICT_SCHEMA
 
 SCHEMA = NODE_RECORD_SCHEMA
 VERDICT_SCHEMA = NODE_VERDICT_SCHEMA
@@ -90,8 +85,8 @@ def record_of(evidence: AttemptEvidence, *, node: str, group_rank: int, offset: 
             "error_line": _error_line_json(ev.error_line, offset),
             "stderr_tail": list(ev.stderr_tail[-TAIL:]),
             "stack": ev.stack.text[:STACK_CHARS] if ev.stack else None,
-            "nonfinite": ev.nonfinite,
-            "kernel": ev.kernel,
+            "nonfinite": ev.nonfinite.to_json() if ev.nonfinite else None,
+            "kernel": ev.kernel.to_json() if ev.kernel else None,
         })  # fmt: skip
     return {
         "schema": SCHEMA,
@@ -185,8 +180,9 @@ def _rank_evidence(node: str, r: dict[str, Any]) -> RankEvidence:
         exit_code=r.get("exit_code"),
         exit_time=r.get("exit_time"),
         start_time=as_seconds(r.get("start_time")),
-        progress_time=as_seconds(r.get("progress_time")),
-        steps=r.get("steps") if isinstance(r.get("steps"), int) else None,
+        progress=Progress(progress_time=as_seconds(r.get("progress_time")), steps=as_int(r.get("steps")))
+        if r.get("progress_time") is not None or r.get("steps") is not None
+        else None,
         alive_at_decision=bool(r.get("alive_at_decision")),
         stopped_by_agent=bool(r.get("stopped_by_agent")),
         exception=exception_from_json(exc),
@@ -194,8 +190,8 @@ def _rank_evidence(node: str, r: dict[str, Any]) -> RankEvidence:
         error_line=error_line_from_json(r.get("error_line")),
         stderr_tail=tuple(str(x) for x in r.get("stderr_tail") or ()),
         stack=parse_stack_dump(stack) if isinstance(stack, str) and stack else None,
-        nonfinite=r.get("nonfinite") if isinstance(r.get("nonfinite"), dict) else None,
-        kernel=r.get("kernel") if isinstance(r.get("kernel"), dict) else None,
+        nonfinite=nonfinite_from_json(r.get("nonfinite")),
+        kernel=kernel_from_json(r.get("kernel")),
     )  # fmt: skip
 
 

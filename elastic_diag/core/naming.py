@@ -11,7 +11,7 @@ import re
 from elastic_diag.core.context import Context
 from elastic_diag.core.evidence import AttemptEvidence, RankEvidence
 from elastic_diag.core.findings import RankFinding
-from elastic_diag.core.flight_recorder import Finding
+from elastic_diag.core.flight_recorder import Divergence
 from elastic_diag.core.stall import stall_line
 from elastic_diag.core.taxonomy import Signature
 from elastic_diag.core.verdict import MAX_EVIDENCE_LINES, Diagnosis, Role, format_ranks, ranks_phrase, were
@@ -41,7 +41,7 @@ def roles_of(ctx: Context, initiating: int | None) -> dict[int, Role]:
             roles[r] = "healthy"
         elif f.state == "failed" and f.hint == "collateral" and not f.own:
             roles[r] = "collateral"
-        elif f.state in ("alive", "stopped"):
+        elif f.state == "alive":
             # after a hang alarm, a rank stopped while it waited inside a collective waited for the culprit
             roles[r] = "collateral" if hang is not None and f.in_collective else "stopped"
         else:
@@ -61,6 +61,25 @@ def roles_around(initiating: int, findings: dict[int, RankFinding]) -> dict[int,
         else:
             roles[r] = "stopped"
     return roles
+
+
+def unnamed_lead(ctx: Context) -> tuple[RankFinding | None, str]:
+    """When no rank is named: the rank whose lines lead the verdict, and its class. Ranks that waited until
+    their collective timed out come first (the resets and closed connections of the others follow from their
+    exits); a rank that gloo killed for receiving more than its tensor holds before them (it proves a
+    mismatch, whoever sent it). The class is a symptom's: a timeout, a network error or a mismatch."""
+    failed = [f for f in ctx.findings.values() if f.state == "failed"]
+    lead = ctx.symptoms[0] if ctx.symptoms else (failed[0] if failed else None)
+    timed_out = [f for f in ctx.symptoms if f.failure_class == "collective_timeout"]
+    if timed_out:
+        lead = timed_out[0]
+    received = [f for f in ctx.symptoms if f.failure_class == "collective_mismatch"]
+    if received:
+        lead = received[0]
+    cls = lead.signature.failure_class if lead is not None and lead.signature is not None else "unknown"
+    if cls not in ("collective_timeout", "network_error", "collective_mismatch"):
+        cls = "collective_timeout" if ctx.symptoms else "unknown"
+    return lead, cls
 
 
 def unattributed(
@@ -161,7 +180,7 @@ def rank_verdict(
         collateral_ranks=tuple(collateral_ranks),
         roles=roles,
         retryable=sig.retryable if sig else None,
-        collective=finding_json(schedule, evidence) if schedule is not None and ev.rank in schedule.ranks else None,
+        collective=divergence_json(schedule, evidence) if schedule is not None and ev.rank in schedule.ranks else None,
     )
 
 
@@ -185,7 +204,7 @@ def _class_and_lines(
         return symptoms[0].signature, "rendezvous_timeout", [line]
     sig = ctx.taxonomy.get("hang-outside-collective")
     if frame is None and (at_stall := stall_where(ctx, ev)) is not None:
-        if initiating.state in ("failed", "stopped") and initiating.hint == "collateral":
+        if initiating.state == "failed" and initiating.hint == "collateral":
             # it left that line and reached the collective after its peers had timed out there
             sig = ctx.taxonomy.get("rank-outlasted-collective-timeout")
         return sig, sig.failure_class, [f"rank {ev.rank} outside any collective at {at_stall} when its peers had "
@@ -220,12 +239,12 @@ def _what(
     if cls == "killed" and exc is not None and exc.type.endswith("KeyboardInterrupt"):
         return "was interrupted (SIGINT, KeyboardInterrupt) from outside the job"
     last = exc.last_line.splitlines()[0] if exc is not None and exc.last_line else None
-    kernel = ev.kernel or {}
-    if cls == "host_oom" and kernel.get("proven"):
-        return f"was killed by the kernel's OOM killer (proven: {kernel.get('line')})"
-    if cls == "killed" and ev.signal == "SIGKILL" and kernel.get("looked_at"):
+    kernel = ev.kernel
+    if cls == "host_oom" and kernel is not None and kernel.proven:
+        return f"was killed by the kernel's OOM killer (proven: {kernel.line})"
+    if cls == "killed" and ev.signal == "SIGKILL" and kernel is not None and kernel.looked_at:
         return (f"was killed by SIGKILL from outside the job; not proven an OOM kill ("
-                f"{'; '.join(str(x) for x in kernel['looked_at'])})")  # fmt: skip
+                f"{'; '.join(kernel.looked_at)})")  # fmt: skip
     return {
         "python_exception": f"raised {last}" if last else "raised an exception",
         "host_oom": "ran out of host memory" + (f" ({exc.type})" if exc else ""),
@@ -283,7 +302,7 @@ def _summary(
         summary += "."
     if initiating.own and initiating.printed and initiating.time is not None:
         lead = _lead(ctx, initiating)
-        if initiating.state in ("alive", "stopped"):
+        if initiating.state == "alive":
             summary += (f" It printed the error{f' {lead}' if lead else ''} and was still alive (cleaning up, or "
                         "stuck after it) when the launcher stopped it.")  # fmt: skip
         elif lead:
@@ -316,14 +335,14 @@ def _lead(ctx: Context, initiating: RankFinding) -> str:
     return f"{ahead:.1f} s before the first of its peers failed" if ahead > 0.05 else ""
 
 
-def finding_json(finding: Finding, evidence: AttemptEvidence) -> dict[str, object]:
+def divergence_json(divergence: Divergence, evidence: AttemptEvidence) -> dict[str, object]:
     where = {ev.rank: ev.location() for ev in evidence.ranks}
     return {
-        "kind": finding.kind,
-        "process_group": finding.group,
-        "seq": finding.seq,
-        "ranks": list(finding.ranks),
-        "sides": {str(r): v for r, v in finding.sides.items()},
+        "kind": divergence.kind,
+        "process_group": divergence.group,
+        "seq": divergence.seq,
+        "ranks": list(divergence.ranks),
+        "sides": {str(r): v for r, v in divergence.sides.items()},
         "source": {str(r): loc for r, loc in sorted(where.items()) if loc},
     }
 
@@ -340,28 +359,28 @@ def _locations_lines(evidence: AttemptEvidence, focus: int) -> list[str]:
     return lines
 
 
-def schedule_verdict(ctx: Context, finding: Finding | None, rank: int) -> Diagnosis:
-    """The ranks' collective schedules part: from the flight recorders (``finding``), or from where
-    each rank's code was (``finding`` None)."""
+def schedule_verdict(ctx: Context, divergence: Divergence | None, rank: int) -> Diagnosis:
+    """The ranks' collective schedules part: from the flight recorders (``divergence``), or from where
+    each rank's code was (``divergence`` None)."""
     evidence, findings, tax = ctx.evidence, ctx.findings, ctx.taxonomy
     ev = ctx.ev(rank)
-    mismatch = finding is not None and finding.kind == "mismatch"
+    mismatch = divergence is not None and divergence.kind == "mismatch"
     sig = tax.get("collective-mismatch") if mismatch else tax.get("collective-schedule-diverged")
     cls = "collective_mismatch" if mismatch else "collective_desync"
     roles = roles_around(rank, findings)
     loc = ev.location()
-    if finding is not None:
-        others = sorted(r for r in finding.sides if r != rank)
-        theirs = next((finding.sides[r] for r in others), "?")
+    if divergence is not None:
+        others = sorted(r for r in divergence.sides if r != rank)
+        theirs = next((divergence.sides[r] for r in others), "?")
         what = "the same collective with other sizes, dtypes or op" if mismatch else "a different collective"
         summary = (
-            f"Rank {rank}{on_node(ev)} issued {what} than its peers at collective #{finding.seq} of process group "
-            f"{finding.group}: {finding.sides[rank]} against {theirs} on ranks {format_ranks(others)}"
+            f"Rank {rank}{on_node(ev)} issued {what} than its peers at collective #{divergence.seq} of process group "
+            f"{divergence.group}: {divergence.sides[rank]} against {theirs} on ranks {format_ranks(others)}"
         )
         lines = [
-            f"elastic_diag: collective schedules part at process group {finding.group}, collective #{finding.seq}: "
-            "the ranks did not join the same collective",
-            *(f"rank {r}: #{finding.seq} {side}" for r, side in sorted(finding.sides.items())),
+            f"elastic_diag: collective schedules part at process group {divergence.group}, collective "
+            f"#{divergence.seq}: the ranks did not join the same collective",
+            *(f"rank {r}: #{divergence.seq} {side}" for r, side in sorted(divergence.sides.items())),
         ]
     else:
         summary = (
@@ -383,5 +402,5 @@ def schedule_verdict(ctx: Context, finding: Finding | None, rank: int) -> Diagno
             break
     if evidence.hang is not None:
         lines.append(_hang_line(evidence.hang))
-    collective = finding_json(finding, evidence) if finding is not None else None
+    collective = divergence_json(divergence, evidence) if divergence is not None else None
     return named_verdict(sig, cls, ev, summary, lines, roles, collective=collective)

@@ -24,7 +24,8 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any
 
-from elastic_diag.core.evidence import StackDump, as_seconds
+from elastic_diag.core.stacks import StackDump
+from elastic_diag.core.values import as_seconds
 from elastic_diag.core.verdict import format_ranks
 
 SNAPSHOT_TAKEN = "taken"

@@ -12,20 +12,25 @@ agent then attributes the failure. Memory is bounded by the number of ranks, not
 from __future__ import annotations
 
 import functools
-import json
 import os
 import re
 from collections import deque
 from collections.abc import Callable, Iterable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from elastic_diag.core.evidence import (
-    ExceptionRecord,
-)
+from elastic_diag.core.attribution import settle
+from elastic_diag.core.classify import classify_attempt
+from elastic_diag.core.error_lines import HOOK_FAILED
+from elastic_diag.core.evidence import AttemptEvidence, LogLine
+from elastic_diag.core.exceptions import ExceptionRecord
 from elastic_diag.core.log_lines import (
+    EXC_LINE,
+    GENERIC_EXCEPTION,
     SummaryParser,
     completion_line,
+    evidence_line,
     failure_evidence,
     parse_deepspeed_exit,
     parse_failed_line,
@@ -34,7 +39,7 @@ from elastic_diag.core.log_lines import (
     rank_from_path,
 )
 from elastic_diag.core.taxonomy import Taxonomy, load_taxonomy
-from elastic_diag.core.verdict import format_ranks
+from elastic_diag.core.verdict import Diagnosis, format_ranks
 from elastic_diag.core.verification import render
 from elastic_diag.layout import (
     ENV_NO_GREP,
@@ -43,11 +48,12 @@ from elastic_diag.layout import (
     EXCEPTION_FILE,
     FR_MAX_BYTES,
     REPORT_FILE,
-    REPORT_SCHEMA,
-    STDERR_FILE,
-    exception_from_file_data,
+    attempt_dirs,
+    is_attempt_dir,
     load_flight_record,
-    read_json,
+    read_attempt,
+    read_error_file,
+    read_report,
     read_tail_bytes,
 )
 from elastic_diag.offline.files import (
@@ -56,7 +62,7 @@ from elastic_diag.offline.files import (
     GZIP_SUFFIX,
     MAPPING_ANCHORS,
     OTHER_COMPRESSED,
-    SUMMARY_MARK,
+    SUMMARY_MARKS,
     WRAP_JOIN,
     LineFinder,
     choose_prefilter,
@@ -68,12 +74,11 @@ from elastic_diag.offline.files import (
     wrap_width,
 )
 from elastic_diag.offline.ranks import RankResolver
-from elastic_diag.offline.reconcile import reconcile
-from elastic_diag.offline.records import EXC_LINE, MAX_FAILURE_LINES, TAIL_LINES, Analysis, Hit, LogFacts, RankLog
+from elastic_diag.offline.records import MAX_FAILURE_LINES, TAIL_LINES, Analysis, LogRead, RankLines
 from elastic_diag.report.terminal import Paint
 
 MAX_LINE = 64 * 1024  # longer lines are cut before matching
-MAX_HITS_PER_RANK = 64
+MAX_LINES_PER_RANK = 64
 CONTEXT_LINES = 100
 COMPLETION_LINES = 200  # how far from a file's end a line saying the run ended well is looked for
 # every completion line (core/log_lines.completion_line) holds one of these
@@ -87,14 +92,18 @@ _COMPLETION_WORDS = (b"successfully", b"SUCCEEDED", b"Training completed", b"Tra
 
 
 class Analyzer:
-    """Reads the files and gathers :class:`LogFacts`; :meth:`finish` hands them to the pure
-    :func:`~elastic_diag.offline.reconcile.reconcile`. The reading state is the anchors of the pass
-    (the mapping pass reads only the lines that map pids and local ranks to ranks), the local-rank
-    offsets of the file being read, and the position of each hit in the whole read."""
+    """Reads the files and gathers a :class:`~elastic_diag.offline.records.LogRead`; :meth:`finish` turns it
+    into the core's evidence and has the core judge it (:func:`~elastic_diag.core.classify.classify_attempt`,
+    the live agent's verdict). An evidence folder of ``torchrun-diag`` (``attempt_N/`` with its rank folders) is
+    read as the live agent reads it (:func:`~elastic_diag.layout.read_attempt`), not as logs. The reading state
+    is the anchors of the pass (the mapping pass reads only the lines that map pids and local ranks to ranks),
+    the local-rank offsets of the file being read, and the position of each line in the whole read."""
 
     def __init__(self, taxonomy: Taxonomy | None = None) -> None:
         self.taxonomy = taxonomy or load_taxonomy()
-        self.facts = LogFacts()
+        self.facts = LogRead()
+        self.folders: list[AttemptEvidence] = []  # the evidence folders' attempts, as the live agent read them
+        self.problems: list[str] = []  # what the evidence folders were missing
         self.summary = SummaryParser()
         self.prefilter = choose_prefilter(
             os.environ.get(ENV_PREFILTER, "auto"), no_grep=os.environ.get(ENV_NO_GREP, "") not in ("", "0")
@@ -108,15 +117,26 @@ class Analyzer:
         self.parse = functools.lru_cache(maxsize=8192)(parse_line)
         self._wrap: int | None = None  # the width the file being read was hard-wrapped at
         self._block_rank: int | None = None  # torch.multiprocessing.spawn: the process whose traceback follows
+        self._in_own_summary = False  # inside torchrun-diag's own summary (skipped)
+        self._hook_failed: set[int] = set()  # ranks inside an "Error in sys.excepthook:" traceback
 
     @property
-    def ranks(self) -> dict[int, RankLog]:
+    def ranks(self) -> dict[int, RankLines]:
         return self.facts.ranks
 
     def finish(self) -> Analysis:
-        """The verdict (:func:`reconcile`), and the lines of the log around its decisive line."""
+        """The verdict on what was read, and the lines of the log around its decisive line."""
         self.facts.summary_failures = self.summary.finish()
-        analysis = reconcile(self.facts, self.taxonomy)
+        evidence = settle(combined(self.folders, self.facts.evidence()), self.taxonomy)
+        diagnosis = classify_attempt(evidence, self.taxonomy)
+        seen = diagnosis.failure_class != "healthy" and (
+            diagnosis.failure_class != "unknown"
+            or bool(evidence.failure_lines)
+            or any(r.failed for r in evidence.ranks)
+        )
+        analysis = Analysis(diagnosis=diagnosis, evidence=evidence, files=self.facts.files,
+                            skipped=[*self.facts.skipped, *self.problems], failure_seen=seen)  # fmt: skip
+        analysis.decisive = decisive_line(evidence, diagnosis)
         if analysis.decisive is not None:
             analysis.context = self._context(analysis.decisive)
         return analysis
@@ -124,7 +144,12 @@ class Analyzer:
     def add_paths(self, paths: Iterable[str | Path], progress: Callable[[str], None] | None = None) -> None:
         """Read every file under ``paths``; ``progress`` hears how far it got (a terminal's progress line)."""
         self.progress = progress or (lambda _text: None)
-        files = list(iter_files(paths, self.facts.skipped))
+        given = [Path(p) for p in paths]
+        folders = [d for p in given for d in evidence_folders(p)]
+        for folder in folders:
+            self._add_folder(folder)
+        inside = tuple(str(f.parent if f.name.startswith("attempt_") else f) for f in folders)
+        files = [f for f in iter_files(given, self.facts.skipped) if not _under(f, inside)]
         self.progress(f"{len(files)} file(s) found")
         done = self._grep_scan(files) if self.prefilter == "grep" else set()
         for i, f in enumerate(files):
@@ -136,7 +161,7 @@ class Analyzer:
                 self.add_file(f)
             except (OSError, EOFError) as e:  # EOFError: a gzipped log cut short (what was read counts)
                 self.facts.skipped.append(f"{f}: {getattr(e, 'strerror', None) or e}")
-        if self.facts.pid_hits or self.facts.ds_exits:
+        if self.facts.pid_lines or self.facts.ds_exits:
             self._mapping_pass()
 
     def _grep_scan(self, files: list[Path]) -> set[Path]:
@@ -170,7 +195,7 @@ class Analyzer:
                 hits.setdefault(os.fsdecode(name), []).append((int(where), line))
         for f in batch:
             lines = hits.get(str(f), [])
-            if any(SUMMARY_MARK in line for _, line in lines):
+            if any(mark in line for _, line in lines for mark in SUMMARY_MARKS):
                 continue  # torchrun's summary needs every line after it: the Python path
             idx = len(self.facts.files)
             self.facts.files.append(str(f))
@@ -178,7 +203,7 @@ class Analyzer:
             if file_rank is None:
                 continue
             if f.stat().st_size:
-                self.facts.rank(file_rank).lines += 1
+                self.facts.rank(file_rank).printed += 1
             for offset, line in lines:
                 if any(a in line for a in ANCHORS):
                     for frame in _frames(line[:MAX_LINE].decode("utf-8", errors="replace")):
@@ -199,12 +224,23 @@ class Analyzer:
         except OSError as e:
             self.facts.skipped.append(f"second pass: {e.strerror or e}")
 
+    def _add_folder(self, attempt_dir: Path) -> None:
+        """An attempt of ``torchrun-diag``'s evidence folder, read as the live agent reads it."""
+        read = read_attempt(attempt_dir, taxonomy=self.taxonomy)
+        self.folders.append(read.evidence)
+        self.facts.files.append(str(attempt_dir))
+        self.problems.extend(f"{attempt_dir}: {p}" for p in read.problems)
+
     def add_file(self, path: Path) -> None:
         if path.name in (EXCEPTION_FILE, ERROR_FILE):
             self._add_error_json(path)
             return
-        if path.name == REPORT_FILE:
-            self._add_report(path)
+        if path.name == REPORT_FILE:  # a report sent alone: the facts it recorded of each rank, not its verdict
+            read = read_report(path, self.taxonomy)
+            if read is not None:
+                self.folders.append(read.evidence)
+                self.facts.files.append(str(path))
+                self.problems.extend(read.problems)
             return
         if ("trace" in path.name or path.suffix in (".pkl", ".pickle")) and self._add_flight_record(path):
             return
@@ -332,6 +368,8 @@ class Analyzer:
     def _line(self, raw: str, offset: int, idx: int, file_rank: int | None) -> None:
         parsed = self.parse(raw)
         text = parsed.text.strip()
+        if self._own_summary(text):
+            return
         if len(self.facts.failure_lines) < MAX_FAILURE_LINES and failure_evidence(text):
             self.facts.failure_lines.append(text[:2000])
         failed = parse_failed_line(text)
@@ -350,103 +388,157 @@ class Analyzer:
             rank = self._block_rank
         self.resolver.record_mappings(parsed, text, rank)
         self._order += 1
+        source = self.facts.files[idx]
+
+        def line(sig_id: str | None, rank: int | None = None) -> LogLine:
+            return evidence_line(text, time=parsed.time, clock=parsed.clock, order=self._order, source=source,
+                                 offset=offset, rank=rank, signature=sig_id)  # fmt: skip
+
         if _PHASE.search(text):
-            self.facts.phase_lines.append((rank, self._order, text[:300]))
+            self.facts.phase_lines.append(line(None, rank))
         exc = EXC_LINE.match(text)
         hits = []
         for sig, m in self.taxonomy.match_line(text):
             groups = m.groupdict()
             if groups.get("rank") or groups.get("pid"):  # ABOUT another process: a kernel OOM line, srun's task N
-                hit = Hit(sig, text, idx, offset, self._order)
                 if groups.get("rank"):
-                    self.facts.rank(int(groups["rank"])).hits.append(hit)
+                    self.facts.rank(int(groups["rank"])).lines.append(line(sig.id))
                 else:
-                    self.facts.pid_hits.append((int(groups["pid"]), hit))
+                    self.facts.pid_lines.append((int(groups["pid"]), line(sig.id)))
             else:
-                hits.append((sig, m))
+                hits.append(sig)
         if rank is None:
-            for sig, _m in hits:
+            for sig in hits:
                 # an exception no line ties to a rank counts (a one-line paste, a console without
                 # prefixes), except the launcher's own, which only report the ranks' failures
-                if sig.id != "python-exception" or (exc and exc["type"].rsplit(".", 1)[-1] not in _LAUNCHER_EXCEPTIONS):
-                    hit = Hit(sig, text, idx, offset, self._order)
+                if sig.id != GENERIC_EXCEPTION or (exc and exc["type"].rsplit(".", 1)[-1] not in _LAUNCHER_EXCEPTIONS):
                     if parsed.pid is not None:
-                        self.facts.pid_hits.append((parsed.pid, hit))
+                        self.facts.pid_lines.append((parsed.pid, line(sig.id)))
                     else:
-                        self.facts.unranked.append(hit)
+                        self.facts.unranked.append(line(sig.id))
             return
         log = self.facts.rank(rank)
         if parsed.host and log.node is None:
             log.node = parsed.host
-        if parsed.time is not None and log.time is None and (hits or exc):
-            log.time = parsed.time
-        for sig, _m in hits:
-            if sig.id == "python-exception" and not exc:
+        for sig in hits:
+            if sig.id == GENERIC_EXCEPTION and not exc:
                 continue
-            if len(log.hits) < MAX_HITS_PER_RANK:
-                log.hits.append(Hit(sig, text, idx, offset, self._order))
-        if exc and log.exception is None and not text.startswith(("Traceback", "raise ")):
+            if len(log.lines) < MAX_LINES_PER_RANK:
+                log.lines.append(line(sig.id))
+        if text.startswith(HOOK_FAILED):  # a failing excepthook's traceback: the rank's own follows it
+            self._hook_failed.add(rank)
+        elif text.startswith(_ORIGINAL):
+            self._hook_failed.discard(rank)
+        elif (
+            exc
+            and log.exception is None
+            and rank not in self._hook_failed
+            and not text.startswith(("Traceback", "raise "))
+        ):
             log.exception = ExceptionRecord(type=exc["type"], message=exc["msg"] or "", traceback="", time=parsed.time)
-            log.exception_hit = Hit(self.taxonomy.get("python-exception"), text, idx, offset, self._order)
 
-    def _add_report(self, path: Path) -> None:
-        """elastic_diag's own report.json (the run-level one): exit codes, nodes, stacks per rank."""
-        try:
-            data = json.loads(path.read_text(errors="replace"))
-        except (OSError, ValueError):
-            self.facts.skipped.append(f"{path}: not valid JSON, skipped")
-            return
-        if not isinstance(data, dict) or data.get("schema") != REPORT_SCHEMA or path.parent.name.startswith("attempt_"):
-            return
-        if data.get("status") == "succeeded":
-            self.facts.completion_lines.append(f"{path}: status succeeded")
-        for entry in data.get("ranks") or []:
-            if not isinstance(entry, dict) or not isinstance(entry.get("rank"), int):
-                continue
-            log = self.facts.rank(entry["rank"])
-            code = entry.get("exit_code")
-            log.exit_code = code if isinstance(code, int) else log.exit_code
-            log.node = entry.get("node") or log.node
-            log.stopped = entry.get("role") == "stopped"
-            if isinstance(entry.get("stack"), str):
-                log.stack = entry["stack"]
-            if entry.get("role") == "initiating" and entry.get("stack"):
-                log.stopped = True  # alive at the verdict, stopped by the launcher
+    def _own_summary(self, text: str) -> bool:
+        """torchrun-diag's own summary at the end of a run it printed (a console pasted whole): its verdict is
+        not evidence and is skipped, from "elastic_diag: job ..." to its "evidence: ... (report: ...; page: ...)"
+        line; only that the job succeeded counts, as the launcher's word that every rank exited 0."""
+        if _OWN_SUMMARY.match(text):
+            self._in_own_summary = True
+            if text.startswith("elastic_diag: job succeeded"):
+                self.facts.all_exited_ok.append(text[:300])
+            return True
+        if self._in_own_summary and _OWN_SUMMARY_END.match(text):
+            self._in_own_summary = False
+            return True
+        return self._in_own_summary
 
     def _add_error_json(self, path: Path) -> None:
-        rank = rank_from_path(path.parent / STDERR_FILE)
-        data = read_json(path)
-        if data is None:
-            self.facts.skipped.append(f"{path}: not valid JSON, skipped")
+        """An error file in a torchrun log dir (``attempt_0/<rank>/error.json``) or a rank folder: ours
+        (exception.json) is the precise record; torchelastic's only fills a gap."""
+        rank = rank_from_path(path.parent / "stderr.log")
+        record = read_error_file(path)
+        if record is None:
+            self.facts.skipped.append(f"{path}: not an error file that can be read, skipped")
             return
         if rank is None:
             return
         log = self.facts.rank(rank)
-        record = exception_from_file_data(data)  # the same reader as the live capture's
-        # ours (exception.json, with "type") is the precise record; torchelastic's only fills a gap
-        fills_gap = record is not None and (log.exception is None or log.exception.time is None)
-        if "type" in data or fills_gap:
+        if path.name == EXCEPTION_FILE or log.exception is None or log.exception.time is None:
             log.exception = record
 
     # --- attribution -----------------------------------------------------------------------------
 
-    def _context(self, hit: Hit) -> list[str]:
-        if hit.source < 0:  # inferred, not read from a file
+    def _context(self, line: LogLine) -> list[str]:
+        """The lines of the log before the decisive one (read again from its file)."""
+        if line.source is None or line.offset is None:  # inferred, not read from a file
             return []
-        path = self.facts.files[hit.source]
+        path = line.source
         try:
             with open(path, "rb") as fp:
-                start = max(0, hit.offset - 256 * 1024)
+                start = max(0, line.offset - 256 * 1024)
                 fp.seek(start)
-                data = fp.read(hit.offset - start + MAX_LINE)
+                data = fp.read(line.offset - start + MAX_LINE)
         except OSError:
             return []
-        before = data[: hit.offset - start].decode("utf-8", errors="replace").splitlines()
+        before = data[: line.offset - start].decode("utf-8", errors="replace").splitlines()
         if start > 0 and before:
             before = before[1:]
-        line_end = data.find(b"\n", hit.offset - start)
-        decisive = data[hit.offset - start : line_end if line_end >= 0 else len(data)].decode("utf-8", "replace")
-        return [line[:2000] for line in before[-CONTEXT_LINES:]] + [decisive[:2000]]
+        line_end = data.find(b"\n", line.offset - start)
+        decisive = data[line.offset - start : line_end if line_end >= 0 else len(data)].decode("utf-8", "replace")
+        return [text[:2000] for text in before[-CONTEXT_LINES:]] + [decisive[:2000]]
+
+
+def decisive_line(evidence: AttemptEvidence, diagnosis: Diagnosis) -> LogLine | None:
+    """The line of the initiating rank the verdict rests on: one of its signature, else its exception's, else
+    its first; shown with the lines before it."""
+    ev = evidence.rank(diagnosis.initiating_rank) if diagnosis.initiating_rank is not None else None
+    if ev is None or not ev.lines:
+        return None
+    for wanted in (diagnosis.signature_id, GENERIC_EXCEPTION):
+        found = next((line for line in ev.lines if line.signature == wanted), None)
+        if found is not None:
+            return found
+    return ev.lines[0]
+
+
+def evidence_folders(path: Path) -> list[Path]:
+    """The attempts of ``torchrun-diag`` evidence folders under ``path`` to read as the live agent does: of a
+    diag dir its newest attempt, an ``attempt_N`` folder given itself."""
+    if is_attempt_dir(path):
+        return [path]
+    if not path.is_dir():
+        return []
+    found = []
+    for root, dirs, _files in os.walk(path, followlinks=False):
+        attempts = [d for d in attempt_dirs(Path(root)) if is_attempt_dir(d)]
+        if attempts:
+            found.append(attempts[-1])
+            dirs[:] = [d for d in dirs if not d.startswith("attempt_")]
+        dirs.sort()
+    return found
+
+
+def _under(path: Path, folders: tuple[str, ...]) -> bool:
+    text = str(path)
+    return any(text == f or text.startswith(f + os.sep) for f in folders)
+
+
+def combined(folders: list[AttemptEvidence], logs: AttemptEvidence) -> AttemptEvidence:
+    """The evidence folders' attempts and the logs read beside them, as one attempt: a rank's record from a
+    folder is kept whole (the launcher watched it); a rank only the logs show is added."""
+    if not folders:
+        return logs
+    ranks = {ev.rank: ev for ev in logs.ranks}
+    for folder in folders:
+        ranks.update((ev.rank, ev) for ev in folder.ranks)
+    first = folders[0]
+    return replace(
+        logs, attempt=first.attempt, run_id=first.run_id, source=first.source,
+        ranks=tuple(sorted(ranks.values(), key=lambda ev: ev.rank)),
+        decided_at=min((f.decided_at for f in folders if f.decided_at is not None), default=None),
+        hang=next((f.hang for f in folders if f.hang is not None), None),
+        came_up=any(f.came_up for f in folders) if any(f.came_up is not None for f in folders) else None,
+        stalls=tuple(s for f in folders for s in f.stalls),
+    )  # fmt: skip
 
 
 def _last_lines(path: Path, n: int) -> list[bytes]:
@@ -468,6 +560,11 @@ def _decode(line: bytes) -> str:
     return line.decode("utf-8", errors="replace").rstrip("\r")
 
 
+# Python's report of an excepthook that raised: its traceback, then "Original exception was:" and the rank's own
+_ORIGINAL = "Original exception was:"
+# torchrun-diag's own summary: its first line, and its last ("  evidence: DIR  (report: ...; page: ...)")
+_OWN_SUMMARY = re.compile(r"^elastic_diag: job (?:FAILED|succeeded|STOPPED)\b")
+_OWN_SUMMARY_END = re.compile(r"^evidence: .*\(report: .*; page: .*\)$")
 # torch.multiprocessing.spawn's ProcessRaisedException: "-- Process 1 terminated with the following error:",
 # then that process's traceback, without prefixes (its index is its rank)
 _SPAWN_BLOCK = re.compile(r"^-- Process (?P<rank>\d+) terminated with the following error")

@@ -27,7 +27,7 @@ CHUNK = 4 << 20  # files are read in blocks of this size, cut at the last line b
 ANCHORS = (b"rror", b"xception", b"NCCL WARN", b"atchdog", b"imed out", b"Killed", b"killed", b"xit", b"ignal", b" nan",
            b"finite", b" join", b"Xid (", b"nterrupt", b"egmentation", b"preamble", b"rrno",
            b"ore dumped", b"oom-kill", b"Out Of Memory", b"onnection re", b"ut of memory",
-           b"ailed : ", b"aving ", b"valuat", b"alidat")  # fmt: skip
+           b"ailed : ", b"aving ", b"valuat", b"alidat", b"elastic_diag: job ", b"; page: ")  # fmt: skip
 # An anchor directly followed by one of these bytes does not count: ``error_rate=0.01``, NCCL's
 # ``dlerror=libnccl-net.so`` and other names that hold "error" are what healthy runs print.
 NOT_FOLLOWED_BY = {b"rror": b"_="}
@@ -42,7 +42,9 @@ def ere_escape(text: str) -> str:
     return re.sub(r"([.\\[\]()*+?{}|^$])", r"\\\1", text)
 
 
-SUMMARY_MARK = b"ChildFailedError"  # torchrun's failure summary starts here: read whole, not by anchors
+# torchrun's failure summary starts at one of these: read whole, not by anchors. ChildFailedError's own line
+# is missing where a launcher prints only the table (str(ChildFailedError): torchrun-diag, a user's handler)
+SUMMARY_MARKS = (b"ChildFailedError", b"Failures:")
 
 
 def candidate_lines(chunk: bytes, anchors: tuple[bytes, ...]) -> list[int]:
@@ -82,7 +84,7 @@ def _anchor_hyperscan(anchor: bytes) -> bytes:
 
 class LineFinder:
     """The first stage of the analyzer over one chunk of whole lines: the start of every line holding
-    one of ``anchors``, and where torchrun's summary (:data:`SUMMARY_MARK`) starts (-1: not in it).
+    one of ``anchors``, and where torchrun's summary (:data:`SUMMARY_MARKS`) starts (-1: not in it).
 
     With Hyperscan installed (a dependency on Linux x86_64/aarch64) all anchors are found in one
     vectorised pass, 1.2 GB/s on one core here against 460 MB/s for GNU grep's ``-E`` alternation of
@@ -91,7 +93,7 @@ class LineFinder:
 
     def __init__(self, anchors: tuple[bytes, ...], *, use_hyperscan: bool = True) -> None:
         self.anchors = anchors
-        self._db = _hyperscan_db((*anchors, SUMMARY_MARK)) if use_hyperscan else None
+        self._db = _hyperscan_db((*anchors, *SUMMARY_MARKS)) if use_hyperscan else None
 
     @property
     def engine(self) -> str:
@@ -99,13 +101,17 @@ class LineFinder:
 
     def __call__(self, chunk: bytes) -> tuple[list[int], int]:
         if self._db is None:
-            return candidate_lines(chunk, self.anchors), chunk.find(SUMMARY_MARK)
+            found = [i for i in (chunk.find(mark) for mark in SUMMARY_MARKS) if i >= 0]
+            return candidate_lines(chunk, self.anchors), min(found, default=-1)
         ends: list[int] = []
         summary: list[int] = []
-        mark = len(self.anchors)
+        first_mark = len(self.anchors)
 
         def on_match(pattern: int, _start: int, end: int, _flags: int, _ctx: object) -> None:
-            (summary if pattern == mark else ends).append(end)
+            if pattern >= first_mark:
+                summary.append(end - len(SUMMARY_MARKS[pattern - first_mark]))
+            else:
+                ends.append(end)
 
         self._db.scan(chunk, match_event_handler=on_match)
         starts: list[int] = []
@@ -117,7 +123,7 @@ class LineFinder:
             starts.append(chunk.rfind(b"\n", 0, last) + 1)
             nl = chunk.find(b"\n", last)
             line_end = nl if nl >= 0 else len(chunk)
-        return starts, (min(summary) - len(SUMMARY_MARK) if summary else -1)
+        return starts, (min(summary) if summary else -1)
 
 
 def _hyperscan_db(literals: tuple[bytes, ...]) -> Any:
@@ -175,7 +181,7 @@ def grep_batches(files: list[Path], progress: Callable[[str], None]) -> Iterator
     one grep per usable core, in order. A batch grep could not do is not yielded (Python reads it)."""
     # One ERE alternation in the C locale: GNU grep's DFA runs it 1.6x faster than -F with the same
     # strings (its multi-string search slows down with short anchors; docs/benchmarks.md).
-    pattern = "|".join(anchor_ere(a) for a in (*ANCHORS, SUMMARY_MARK))
+    pattern = "|".join(anchor_ere(a) for a in (*ANCHORS, *SUMMARY_MARKS))
     env = {**os.environ, "LC_ALL": "C"}
 
     def grep(batch: list[Path]) -> bytes | None:

@@ -1,7 +1,8 @@
 """Which rank a log line belongs to: its prefix (``[rank3]:``; torchrun's ``[default2]:`` is a LOCAL rank,
 turned global by the offset learnt from the same file), else its file's path, else a ``[Rank N]`` in the
 message; and what lines tell about which process is which rank (pids, NCCL's ``rank N nRanks M``,
-DeepSpeed's rank mapping, torch's "closing signal" to a pid), recorded in the :class:`LogFacts`.
+DeepSpeed's rank mapping, torch's "closing signal" to a pid), recorded in the read's
+:class:`~elastic_diag.offline.records.LogRead`.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from typing import Any
 
 from elastic_diag.core.log_lines import message_rank, parse_deepspeed_mapping
 from elastic_diag.offline.files import CHUNK
-from elastic_diag.offline.records import LogFacts
+from elastic_diag.offline.records import LogRead
 
 _RANK_PREFIX = re.compile(rb"^(?:([a-z0-9][a-z0-9.-]*\d[a-z0-9.-]*): )?\[(rank|default)(\d+)\]:", re.M)
 _BOTH_PREFIXES = re.compile(rb"^(?:([a-z0-9][a-z0-9.-]*\d[a-z0-9.-]*): )?\[default(\d+)\]:\[rank(\d+)\]:", re.M)
@@ -46,7 +47,7 @@ def learn_local_offsets(fp: Any, head: bytes) -> dict[str | None, int]:
 class RankResolver:
     """The ranks of one read: the local-rank offsets of the file being read, and the facts it adds to."""
 
-    def __init__(self, facts: LogFacts) -> None:
+    def __init__(self, facts: LogRead) -> None:
         self.facts = facts
         self.local_offsets: dict[str | None, int] = {}
 
@@ -58,13 +59,13 @@ class RankResolver:
         """The ranks that printed something in ``chunk`` ("printed something" is all that is used)."""
         if file_rank is not None:
             if chunk:
-                self.facts.rank(file_rank).lines += 1
+                self.facts.rank(file_rank).printed += 1
             return
         for m in _RANK_PREFIX.finditer(chunk):
             host = m.group(1).decode(errors="replace") if m.group(1) else None
             local = m.group(2) == b"default"
             offset = self.local_offsets.get(host, self.local_offsets.get(None, 0)) if local else 0
-            self.facts.rank(int(m.group(3)) + offset).lines += 1
+            self.facts.rank(int(m.group(3)) + offset).printed += 1
 
     def global_rank(self, parsed: Any) -> int | None:
         if parsed.rank is None or not parsed.local:

@@ -1,100 +1,173 @@
-"""What the offline analyzer gathers from the logs, and what it returns: one :class:`Hit` per error line
-that matched a signature, one :class:`RankLog` per rank, the :class:`LogFacts` of the whole read (the
-input of :func:`~elastic_diag.offline.reconcile.reconcile`) and the :class:`Analysis` (its output,
-``elastic-diag analyze --json``'s document). Plain data, no I/O.
+"""What the log reader gathers while it reads, and what ``elastic-diag analyze`` returns.
+
+:class:`LogRead` collects, line by line, the lines of each rank (:class:`RankLines`) and of the launchers;
+:meth:`LogRead.evidence` turns them into the core's evidence model (an
+:class:`~elastic_diag.core.evidence.AttemptEvidence` of ``source="logs"``): the lines known only by a pid
+given to their ranks, DeepSpeed's local ranks turned global by its printed mapping, torchrun's summary and
+the other launchers' exit lines as :class:`~elastic_diag.core.evidence.LauncherExit` records. It decides
+nothing: every decision is the core's (:mod:`elastic_diag.core.attribution`). :class:`Analysis` is the
+verdict, the evidence it was taken on and what was read (``elastic-diag analyze --json``'s document).
+Plain data, no I/O.
 """
 
 from __future__ import annotations
 
-import re
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
-from elastic_diag.core.evidence import ExceptionRecord, signal_name
-from elastic_diag.core.flight_recorder import RankRecord
-from elastic_diag.core.log_lines import SummaryFailure
-from elastic_diag.core.taxonomy import Signature
+from elastic_diag.core.evidence import AttemptEvidence, LauncherExit, LogLine, RankEvidence
+from elastic_diag.core.exceptions import ExceptionRecord
+from elastic_diag.core.log_lines import EXC_LINE, SummaryFailure
+from elastic_diag.core.schema_ids import ANALYSIS_SCHEMA
 from elastic_diag.core.verdict import Diagnosis
 from elastic_diag.core.verification import render_diagnosis
-from elastic_diag.layout import ANALYSIS_SCHEMA
 
 SCHEMA = ANALYSIS_SCHEMA
 TAIL_LINES = 20
 PHASE_LINES = 32
 MAX_FAILURE_LINES = 8
-# an exception's last line: `module.SomeError: message` (shared by the reader and the reconciler), also
-# as an excepthook logs it (OLMo: "Uncaught OLMoThreadError: ...")
-EXC_LINE = re.compile(
-    r"^(?:(?:Uncaught|Unhandled) (?:exception:? )?)?"
-    r"(?P<type>(?:[A-Za-z_][\w]*\.)*[A-Z]\w*(?:Error|Exception|Interrupt|Exit))(?::\s?(?P<msg>.*))?$"
-)
 
 
 @dataclass(slots=True)
-class Hit:
-    signature: Signature
-    text: str
-    source: int  # index into LogFacts.files; -1 for a line the reconciler inferred
-    offset: int
-    order: int  # position in the whole read, to order hits of one file
+class RankLines:
+    """One rank's part of the read: its error lines (one per signature a line matched, in order), the
+    exception its lines show, the last lines of its files, its host and pid when a prefix tells them."""
 
-
-@dataclass(slots=True)
-class RankLog:
     rank: int
     node: str | None = None
-    hits: list[Hit] = field(default_factory=list)
+    lines: list[LogLine] = field(default_factory=list)
     exception: ExceptionRecord | None = None
-    exception_hit: Hit | None = None
     last_lines: deque[str] = field(default_factory=lambda: deque(maxlen=TAIL_LINES))
-    lines: int = 0
-    time: float | None = None
+    printed: int = 0  # chunks it printed something in (a rank that printed anything is one of the job's)
     pid: int | None = None
-    exit_code: int | None = None
-    stopped: bool = False
-    stack: str | None = None
+
+    def evidence(self) -> RankEvidence:
+        return RankEvidence(rank=self.rank, local_rank=self.rank, node=self.node or "", pid=self.pid,
+                            exception=self.exception, stderr_tail=tuple(self.last_lines), lines=tuple(self.lines),
+                            order=min((line.order for line in self.lines), default=None))  # fmt: skip
 
 
 @dataclass(slots=True)
-class LogFacts:
+class LogRead:
     """Everything the read found, before anything is concluded from it."""
 
-    ranks: dict[int, RankLog] = field(default_factory=dict)
+    ranks: dict[int, RankLines] = field(default_factory=dict)
     summary_failures: list[SummaryFailure] = field(default_factory=list)  # torchrun's failure summary
     failed_lines: list[tuple[int, int, int]] = field(default_factory=list)  # torch's "failed (exitcode...)" lines
-    files: list[str] = field(default_factory=list)  # what was read, in order (Hit.source indexes it)
+    files: list[str] = field(default_factory=list)  # what was read, in order
     skipped: list[str] = field(default_factory=list)  # what was not, and why
-    unranked: list[Hit] = field(default_factory=list)  # error lines no rank could be found for
+    unranked: list[LogLine] = field(default_factory=list)  # error lines no rank could be found for
     ds_mapping: dict[str, list[int]] = field(default_factory=dict)  # DeepSpeed: host -> its global ranks
     pids: dict[int, int] = field(default_factory=dict)  # pid -> rank
     sigtermed: set[int] = field(default_factory=set)  # pids torch's agent sent a closing signal: alive at teardown
-    # lines that say a rank-local phase began (saving a checkpoint, evaluating): (rank or None, read order,
-    # text); the last few are kept, for the suspect of a timeout that follows one
-    phase_lines: deque[tuple[int | None, int, str]] = field(default_factory=lambda: deque(maxlen=PHASE_LINES))
-    pid_hits: list[tuple[int, Hit]] = field(default_factory=list)  # error lines known only by a pid
+    # lines that say a rank-local phase began (saving a checkpoint, evaluating), the last few
+    phase_lines: deque[LogLine] = field(default_factory=lambda: deque(maxlen=PHASE_LINES))
+    pid_lines: list[tuple[int, LogLine]] = field(default_factory=list)  # error lines known only by a pid
     ds_exits: list[tuple[str | None, int, int]] = field(default_factory=list)  # DeepSpeed: (host, local rank, exit)
     launcher_exits: list[tuple[int, int]] = field(default_factory=list)  # other launchers: (global rank, exit)
-    flight_records: dict[int, RankRecord] = field(default_factory=dict)
     failure_lines: list[str] = field(default_factory=list)  # lines that show a failure (the first few)
     completion_lines: list[str] = field(default_factory=list)  # lines that say the run ended well
+    all_exited_ok: list[str] = field(default_factory=list)  # a launcher's word that every rank exited 0
+    flight_records: dict[int, Any] = field(default_factory=dict)  # rank -> RankRecord
 
-    def rank(self, r: int) -> RankLog:
+    def rank(self, r: int) -> RankLines:
         if r not in self.ranks:
-            self.ranks[r] = RankLog(rank=r)
+            self.ranks[r] = RankLines(rank=r)
         return self.ranks[r]
+
+    def evidence(self) -> AttemptEvidence:
+        """The read as the core's evidence model. Which line belongs to which rank is settled here (a line
+        known by its pid, a DeepSpeed local rank); what the ranks' exits were is the core's to settle."""
+        for f in self.summary_failures:
+            if f.pid is not None and f.rank is not None:
+                self.pids.setdefault(f.pid, f.rank)
+        for pid, line in self.pid_lines:
+            if pid in self.pids:
+                self.rank(self.pids[pid]).lines.append(line)
+            else:
+                self.unranked.append(line)
+        self.pid_lines.clear()
+        exits: list[LauncherExit] = [_summary_exit(f) for f in self.summary_failures]
+        for host, local, code in self.ds_exits:
+            mapped = self.ds_mapping.get(host or "", [])
+            if local < len(mapped):
+                exits.append(LauncherExit(exit_code=code, launcher="deepspeed", rank=mapped[local], local_rank=local,
+                                          host=host))  # fmt: skip
+        exits += [LauncherExit(exit_code=code, launcher="composer", rank=rank) for rank, code in self.launcher_exits]
+        exits += [LauncherExit(exit_code=code, launcher="torch-agent", local_rank=local, pid=pid)
+                  for code, local, pid in self.failed_lines]  # fmt: skip
+        exits += [LauncherExit(exit_code=0, launcher="torchrun-diag", text=text) for text in self.all_exited_ok[-1:]]
+        for e in exits:
+            if e.rank is not None:
+                self.rank(e.rank)
+        records = self.flight_records
+        ranks: list[RankEvidence] = []
+        for r in sorted(self.ranks):
+            ev = self.ranks[r].evidence()
+            ranks.append(ev if r not in records else _with_record(ev, records[r]))
+        for r in sorted(set(records) - set(self.ranks)):
+            ranks.append(RankEvidence(rank=r, local_rank=r, node="", flight_record=records[r]))
+        return AttemptEvidence(
+            attempt=0,
+            ranks=tuple(sorted(ranks, key=lambda ev: ev.rank)),
+            source="logs",
+            launcher_exits=tuple(exits),
+            unranked=tuple(self.unranked),
+            phases=tuple(self.phase_lines),
+            completions=tuple(self.completion_lines),
+            failure_lines=tuple(self.failure_lines[:MAX_FAILURE_LINES]),
+            signalled_unknown=len(self.sigtermed - set(self.pids)),
+        )
+
+
+def _with_record(ev: RankEvidence, record: Any) -> RankEvidence:
+    from dataclasses import replace
+
+    return replace(ev, flight_record=record)
+
+
+def _summary_exit(f: SummaryFailure) -> LauncherExit:
+    """An entry of torchrun's summary: the exception its traceback ends with, if one does."""
+    exception = None
+    for line in reversed(f.traceback):
+        m = EXC_LINE.match(line.strip())
+        if m:
+            exception = ExceptionRecord(type=m["type"], message=m["msg"] or "", traceback="\n".join(f.traceback),
+                                        time=f.time)  # fmt: skip
+            break
+    return LauncherExit(exit_code=f.exit_code, launcher="torchrun", rank=f.rank,
+                        local_rank=f.local_rank, host=f.host, pid=f.pid, time=f.time, root=f.root,
+                        exception=exception)  # fmt: skip
 
 
 @dataclass(slots=True)
 class Analysis:
+    """The verdict, the evidence it was taken on (after the core's steps), what was read and skipped, the
+    lines of the log around the decisive one, and the problems of an evidence folder read."""
+
     diagnosis: Diagnosis
-    ranks: dict[int, RankLog]
+    evidence: AttemptEvidence
     files: list[str]
     skipped: list[str]
-    context: list[str]
-    torchrun_root: int | None
-    decisive: Hit | None
+    context: list[str] = field(default_factory=list)
+    decisive: LogLine | None = None
     failure_seen: bool = True  # the logs show a failure (False: healthy, or no failure and no sign of the end)
+
+    @property
+    def torchrun_root(self) -> int | None:
+        return self.evidence.torchrun_root
+
+    @property
+    def ranks(self) -> dict[int, RankEvidence]:
+        return {ev.rank: ev for ev in self.evidence.ranks}
+
+    def _ranks_shown(self) -> list[RankEvidence]:
+        """The ranks of the evidence, and any the verdict gives a role without evidence of its own (a rank that
+        only a check across ranks names)."""
+        known = {ev.rank for ev in self.evidence.ranks}
+        extra = [RankEvidence(rank=r, local_rank=r, node="") for r in self.diagnosis.roles if r not in known]
+        return sorted([*self.evidence.ranks, *extra], key=lambda ev: ev.rank)
 
     def to_json(self) -> dict[str, Any]:
         roles = self.diagnosis.roles
@@ -103,17 +176,17 @@ class Analysis:
             "diagnosis": render_diagnosis(self.diagnosis.to_json(), None, live=False),
             "ranks": [
                 {
-                    "rank": r.rank,
-                    "node": r.node,
-                    "role": roles.get(r.rank, "unknown"),
-                    "exit_code": r.exit_code,
-                    "signal": signal_name(r.exit_code),
-                    "first_error_time": r.time,
-                    "last_lines": list(r.last_lines),
-                    "stack": None,
-                    "errors": [h.text for h in distinct(r.hits)][:8],
+                    "rank": ev.rank,
+                    "node": ev.node or None,
+                    "role": roles.get(ev.rank, "unknown"),
+                    "exit_code": ev.exit_code if ev.exit_seen else None,
+                    "signal": ev.signal if ev.exit_seen else None,
+                    "first_error_time": ev.first_error_time if ev.failed or ev.alive_at_decision else None,
+                    "last_lines": list(ev.stderr_tail[-TAIL_LINES:]),
+                    "stack": ev.stack.text if ev.stack is not None else None,
+                    "errors": distinct_texts(ev.lines)[:8],
                 }
-                for r in sorted(self.ranks.values(), key=lambda r: r.rank)
+                for ev in self._ranks_shown()
             ],
             "context": self.context,
             "torchrun_root_cause_rank": self.torchrun_root,
@@ -122,11 +195,12 @@ class Analysis:
         }
 
 
-def distinct(hits: list[Hit]) -> list[Hit]:
-    seen: set[str] = set()
+def distinct_texts(lines: tuple[LogLine, ...] | list[LogLine]) -> list[str]:
+    """The text of the first line of each signature, in order."""
+    seen: set[str | None] = set()
     out = []
-    for h in hits:
-        if h.signature.id not in seen:
-            seen.add(h.signature.id)
-            out.append(h)
+    for line in lines:
+        if line.signature not in seen:
+            seen.add(line.signature)
+            out.append(line.text)
     return out

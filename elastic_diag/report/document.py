@@ -16,10 +16,10 @@ from typing import Any
 
 from elastic_diag import redaction
 from elastic_diag.core.evidence import AttemptEvidence, RankEvidence
+from elastic_diag.core.schema_ids import REPORT_SCHEMA
 from elastic_diag.core.stall import stall_to_json
 from elastic_diag.core.verdict import AttemptStatus, Diagnosis
 from elastic_diag.core.verification import JobFacts, render_diagnosis
-from elastic_diag.layout import REPORT_SCHEMA
 
 SCHEMA = REPORT_SCHEMA
 LAST_LINES = 20
@@ -68,7 +68,7 @@ def rank_entry(ev: RankEvidence, role: str) -> dict[str, Any]:
             else None
         ),
         "evidence_dir": ev.evidence_dir,
-        **({"kernel": ev.kernel} if ev.kernel is not None else {}),  # additive: a SIGKILL's kernel evidence
+        **({"kernel": ev.kernel.to_json()} if ev.kernel is not None else {}),  # additive: a SIGKILL's kernel evidence
     }
 
 

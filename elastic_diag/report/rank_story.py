@@ -11,7 +11,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from elastic_diag.core.evidence import as_seconds, parse_stack_dump
+from elastic_diag.core.stacks import parse_stack_dump
+from elastic_diag.core.values import as_seconds
 from elastic_diag.core.verdict import format_ranks
 
 PER_RANK_ROWS = 48  # up to this many ranks, a row each; beyond, ranks with the same story share one

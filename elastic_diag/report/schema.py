@@ -17,7 +17,7 @@ import json
 from importlib import resources
 from typing import Any
 
-from elastic_diag.layout import ANALYSIS_SCHEMA, NODE_RECORD_SCHEMA, REPORT_SCHEMA
+from elastic_diag.core.schema_ids import ANALYSIS_SCHEMA, NODE_RECORD_SCHEMA, REPORT_SCHEMA
 
 SCHEMA_FILES: dict[str, str] = {
     REPORT_SCHEMA: "report.schema.json",

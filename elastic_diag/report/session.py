@@ -138,8 +138,8 @@ class DiagSession:
             progress = read_progress(rank_dir / PROGRESS_FILE)
             if rank_dir.name.split("_")[-1].isdigit():
                 ranks.append(int(rank_dir.name.split("_")[-1]))
-            if progress is not None and isinstance(progress.get("steps"), int):
-                steps.append(progress["steps"])
+            if progress is not None and progress.steps is not None:
+                steps.append(progress.steps)
         if not any(n.startswith(f"the launcher received {name} at ") for n in self.notes):
             self.note(f"the launcher received {name} at {datetime.now().isoformat(timespec='seconds')}")
         holdouts = [(r["rank"], r.get("where")) for r in (self.stop or {}).get("ranks", []) if not r.get("exited")]

@@ -189,10 +189,17 @@ class Taxonomy:
         return len(self.signatures)
 
     def get(self, sid: str) -> Signature:
+        found = self.find(sid)
+        if found is None:
+            raise KeyError(sid)
+        return found
+
+    def find(self, sid: str | None) -> Signature | None:
+        """The signature of that id; None for None or an id this taxonomy does not have (an older report's)."""
         for s in self.signatures:
             if s.id == sid:
                 return s
-        raise KeyError(sid)
+        return None
 
     def match_line(self, line: str) -> list[tuple[Signature, re.Match[str]]]:
         """Every signature matching ``line``, in taxonomy order. The literals are checked once per line

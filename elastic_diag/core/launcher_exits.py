@@ -1,0 +1,172 @@
+"""The steps that complete an attempt's evidence before the rules judge it, where no launcher watched the
+ranks (``elastic-diag analyze`` on logs): each rank's exit from what the launchers printed, the exits the
+logs never show, the ranks only their peers' lines speak of. On live evidence (every exit seen by the
+launcher) they change nothing.
+
+Each step is ``(evidence, taxonomy) -> evidence`` and is listed, in order, in
+:data:`elastic_diag.core.attribution.STEPS`. Pure: no torch, no I/O, no clock.
+"""
+
+from __future__ import annotations
+
+import signal
+from dataclasses import replace
+
+from elastic_diag.core.evidence import AttemptEvidence, LauncherExit, LogLine, RankEvidence
+from elastic_diag.core.taxonomy import Signature, Taxonomy
+
+_BY_SIGNAL = (-signal.SIGTERM, -signal.SIGKILL)
+
+
+def _with_ranks(evidence: AttemptEvidence, ranks: dict[int, RankEvidence]) -> AttemptEvidence:
+    return replace(evidence, ranks=tuple(sorted(ranks.values(), key=lambda ev: ev.rank)))
+
+
+def _first_time(ev: RankEvidence) -> float | None:
+    """When its first error line that carries a time says it was written."""
+    return next((line.time for line in ev.lines if line.time is not None), None)
+
+
+def _empty(rank: int) -> RankEvidence:
+    return RankEvidence(rank=rank, local_rank=rank, node="")
+
+
+def exits_from_launchers(evidence: AttemptEvidence, taxonomy: Taxonomy) -> AttemptEvidence:
+    """What the launchers printed of the workers' exits, given to ranks whose exit no launcher watched.
+
+    torchrun's failure summary gives each listed rank its exit status, pid, host and the exception of its
+    traceback, and, when every closing signal torch's agent sent went to a process the logs tie to a rank,
+    the ranks it does not list exited 0 (it lists every rank it did not see exit 0). DeepSpeed's and other
+    launchers' exit lines count where no summary told, or where they tell more than a plain 0 or 1. Without a
+    summary, torch's agent's "failed (exitcode: N) local_rank: R" line is taken for rank R (one node: the
+    local rank is the rank). torchrun-diag's "job succeeded" means every rank exited 0. A rank torchrun's summary
+    shows SIGTERMed while another rank failed by itself was stopped by the launcher (whether it had failed on its
+    own before is decided on its lines, later)."""
+    exits = evidence.launcher_exits
+    if not exits:
+        return evidence
+    ranks = {ev.rank: ev for ev in evidence.ranks}
+    settled: dict[int, int | None] = {}
+    summary = [e for e in exits if e.launcher == "torchrun"]
+    for e in summary:
+        if e.rank is None:
+            continue
+        ev = ranks.get(e.rank) or _empty(e.rank)
+        if ev.exit_code is not None and e.rank not in settled:
+            continue
+        settled[e.rank] = e.exit_code
+        ranks[e.rank] = replace(
+            ev,
+            exit_code=e.exit_code,
+            pid=e.pid,
+            node=ev.node or e.host or "",
+            exit_time=next((t for t in (ev.exit_time, _first_time(ev), e.time) if t is not None), None),
+            exception=ev.exception or e.exception,
+        )
+    others = [e for kind in ("deepspeed", "composer", "other") for e in exits if e.launcher == kind]
+    for e in others:
+        if e.rank is None:
+            continue
+        ev = ranks.get(e.rank) or _empty(e.rank)
+        if ev.exit_code is not None and e.rank not in settled:
+            continue
+        if e.rank not in settled or e.exit_code not in (0, 1):
+            settled[e.rank] = e.exit_code
+            ranks[e.rank] = replace(ev, exit_code=e.exit_code, node=ev.node or e.host or "")
+    if any(e.launcher == "torchrun-diag" and e.rank is None and e.exit_code == 0 for e in exits):
+        # torchrun-diag said the job succeeded: it saw every rank of its last attempt exit 0
+        for r, ev in ranks.items():
+            if ev.exit_code is None and r not in settled:
+                settled[r] = 0
+                ranks[r] = replace(ev, exit_code=0)
+    if summary and not evidence.signalled_unknown:
+        listed = {e.rank for e in summary}
+        for r, ev in ranks.items():
+            if r not in listed and r not in settled and ev.exit_code is None and not ev.lines and ev.exception is None:
+                ranks[r] = replace(ev, exit_code=0)
+    if not summary:
+        for e in exits:
+            if e.launcher != "torch-agent" or e.local_rank is None:
+                continue
+            ev = ranks.get(e.local_rank) or _empty(e.local_rank)
+            if ev.exit_code is None:
+                ranks[e.local_rank] = replace(ev, exit_code=e.exit_code, pid=e.pid)
+    if any(e.exit_code not in (*_BY_SIGNAL, None) for e in summary):
+        for e in summary:
+            if e.rank is not None and e.exit_code == -signal.SIGTERM and e.rank in ranks:
+                ranks[e.rank] = replace(ranks[e.rank], stopped_by_agent=True)
+    return _with_ranks(evidence, ranks)
+
+
+def _waits(line: LogLine, taxonomy: Taxonomy) -> bool:
+    """A line that shows its rank waiting for a peer: a collective timeout (a symptom)."""
+    sig = taxonomy.find(line.signature)
+    return sig is not None and sig.failure_class == "collective_timeout" and sig.role_hint == "collateral"
+
+
+def watchdog_aborts(evidence: AttemptEvidence, taxonomy: Taxonomy) -> AttemptEvidence:
+    """A rank known only by its SIGABRT exit (torchrun's summary: ``exitcode: -6``, no line of its own)
+    while its peers' watchdogs timed out died of the same watchdog: NCCL aborts a rank whose collective
+    timed out. It waited too; torchrun's "first observed failure" is then not the culprit."""
+    timed_out = [ev for ev in evidence.ranks if any(_waits(line, taxonomy) for line in ev.lines)]
+    if not timed_out and not any(_waits(line, taxonomy) for line in evidence.unranked):
+        return evidence
+    sig = taxonomy.get("nccl-watchdog-abort")
+    peers = max(1, len(timed_out))
+    text = ("exit status -6 (SIGABRT) in the launcher's summary and no line of its own, while "
+            f"{peers} of its peers' watchdogs timed out: the NCCL watchdog's abort")  # fmt: skip
+    ranks = {ev.rank: ev for ev in evidence.ranks}
+    for r, ev in ranks.items():
+        if ev.exit_code == -signal.SIGABRT and not ev.lines and ev.exception is None:
+            ranks[r] = replace(ev, lines=(LogLine(text=text, signature=sig.id),))
+    return _with_ranks(evidence, ranks)
+
+
+def named_ranks_exist(evidence: AttemptEvidence, taxonomy: Taxonomy) -> AttemptEvidence:
+    """A rank that only its peers' lines speak of (NCCL's desync report on rank 0 naming rank 7: it printed
+    nothing, or its output is not in these logs) is among the ranks, so that the peers' lines can name it."""
+    named: set[int] = set()
+    for line in [*evidence.unranked, *(line for ev in evidence.ranks for line in ev.lines)]:
+        for sig, m in taxonomy.match_line(line.text):
+            peers = m.groupdict().get("peers")
+            if peers and not sig.wraps:
+                named.update(int(p) for p in peers.replace(" ", "").split(",") if p.isdigit())
+    ranks = {ev.rank: ev for ev in evidence.ranks}
+    missing = named - set(ranks)
+    if not missing:
+        return evidence
+    ranks.update((r, _empty(r)) for r in missing)
+    return _with_ranks(evidence, ranks)
+
+
+def _exit_for(sig: Signature) -> int:
+    return -int(getattr(signal, sig.signals[0], signal.SIGTERM))
+
+
+def exits_from_lines(evidence: AttemptEvidence, taxonomy: Taxonomy) -> AttemptEvidence:
+    """A rank whose exit no launcher tells but that printed an error failed: with the signal its line names
+    (``Signal 9 (SIGKILL) received``, a segfault's banner), else status 1; its exit time is when its first
+    error line says it was written. A rank the launcher stopped with no failure of its own was alive at the
+    verdict; one that had failed on its own first (its exception, a line that is no symptom) was dying of it:
+    it failed, and the launcher's signal is not its class."""
+    ranks = {}
+    changed = False
+    for ev in evidence.ranks:
+        sigs = [taxonomy.find(line.signature) for line in ev.lines]
+        own = ev.exception is not None or any(s is not None and s.role_hint != "collateral" for s in sigs)
+        new = ev
+        if ev.stopped_by_agent and not own and not ev.alive_at_decision:
+            new = replace(new, alive_at_decision=True)
+        if ev.exit_code is None and not ev.alive_at_decision and (ev.lines or ev.exception is not None):
+            by_signal = next((s for s in sigs if s is not None and s.signals), None)
+            new = replace(new, exit_code=_exit_for(by_signal) if by_signal else 1, exit_seen=False)
+        if new.exit_time is None and new.failed and (t := _first_time(ev)) is not None:
+            new = replace(new, exit_time=t)
+        changed = changed or new is not ev
+        ranks[ev.rank] = new
+    return _with_ranks(evidence, ranks) if changed else evidence
+
+
+def summary_exit(exits: tuple[LauncherExit, ...], rank: int) -> LauncherExit | None:
+    """torchrun's summary entry of ``rank``, if the logs show one."""
+    return next((e for e in exits if e.launcher == "torchrun" and e.rank == rank), None)
