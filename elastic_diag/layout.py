@@ -8,9 +8,6 @@ live agent and the offline analyzer read them through the same readers, so the t
         report.json  report.html          the run's verdict (schema elastic_diag.report/1) and its page
         attempt_<N>/
             report.json                   the attempt's own report
-            launcher.json                 what the launcher saw: each rank's exit (code, time, stopped by it), when
-                                          it took the verdict, the health monitor's alarm, where each stack taken
-                                          at the verdict begins in stacks.txt, what the kernel said of a SIGKILL
             environment.json              versions, memory, disks, ulimits, variables, GPUs at the first failure
             stall_<K>/                    the K-th stall the health monitor saw (nothing was stopped for it)
                 stall.json                who waited inside a collective, who was outside it, since when, where
@@ -32,6 +29,9 @@ live agent and the offline analyzer read them through the same readers, so the t
                 pyspy.txt                 native stacks (py-spy, when installed) taken on a hang alarm
                 first_error.json          the first error of its own the rank printed, with when (the line clock)
                 root_cause.json           the error file torch's "Root Cause" block is pointed at
+                launcher.json             what the launcher saw of the rank: its exit (code, time, stopped by it),
+                                          where the stack taken at the verdict begins in stacks.txt, what the
+                                          kernel said of a SIGKILL; when its node took the verdict, the alarm
 
 :func:`read_attempt` reads an attempt's folder into the core's evidence model, for the live agent and for
 ``elastic-diag analyze`` alike: the live verdict is the verdict on what is on disk. :func:`write_atomic` is
@@ -88,7 +88,7 @@ PYSPY_FILE = "pyspy.txt"
 FIRST_ERROR_FILE = "first_error.json"
 ROOT_CAUSE_FILE = "root_cause.json"
 STALL_FILE = "stall.json"
-LAUNCHER_FILE = "launcher.json"  # attempt_N/: what the launcher saw of the ranks (their exits, the verdict's time)
+LAUNCHER_FILE = "launcher.json"  # rank_R/: what the launcher saw of the rank (its exit, the verdict's time)
 LAUNCHER_SCHEMA = "elastic_diag.launcher/1"
 STALL_MAX_BYTES = 1 << 20
 STALL_FR_MAX_BYTES = 8 << 20  # a stall keeps a copy of each rank's flight recorder up to this size
@@ -190,24 +190,36 @@ def write_atomic(path: Path, data: str | bytes, *, redact: bool = True) -> None:
 
 
 def write_json_atomic(path: Path, data: Any, *, indent: int | None = 2, redact: bool = True) -> None:
+    """``data`` as JSON, atomically; with ``redact``, this process's secrets masked in every string of it (before
+    it is encoded: a value JSON would escape is still found)."""
+    from elastic_diag import redaction
+
+    if redact:
+        data = redaction.current().data(data)
     text = json.dumps(data, indent=indent, default=str, separators=None if indent else (",", ":"))
     write_atomic(path, text + "\n" if indent else text, redact=redact)
 
 
 def write_launcher_record(
-    attempt_dir: Path, evidence: AttemptEvidence, *, node: str, tail_lines: int, stack_offsets: dict[int, int]
+    attempt: AttemptLayout, evidence: AttemptEvidence, *, node: str, tail_lines: int, stack_offsets: dict[int, int]
 ) -> None:
-    """``launcher.json``: what the launcher saw of the attempt (each rank's exit, whether it stopped it, what the
-    kernel said of a SIGKILL, where the stack taken at the verdict begins in stacks.txt; when the verdict was
-    taken, the health monitor's alarm). With the ranks' own files it is all :func:`read_attempt` needs."""
-    ranks = [{"rank": ev.rank, "local_rank": ev.local_rank, "pid": ev.pid, "exit_code": ev.exit_code,
-              "exit_time": ev.exit_time, "alive_at_decision": ev.alive_at_decision,
-              "stopped_by_agent": ev.stopped_by_agent, "kernel": ev.kernel.to_json() if ev.kernel else None,
-              "stack_offset": stack_offsets.get(ev.rank)} for ev in evidence.ranks]  # fmt: skip
-    write_json_atomic(attempt_dir / LAUNCHER_FILE, {
-        "schema": LAUNCHER_SCHEMA, "attempt": evidence.attempt, "run_id": evidence.run_id, "node": node,
-        "decided_at": evidence.decided_at, "hang": evidence.hang, "tail_lines": tail_lines, "ranks": ranks,
-    })  # fmt: skip
+    """Each rank's ``launcher.json``: what the launcher saw of it (its exit, whether the launcher stopped it, what
+    the kernel said of a SIGKILL, where the stack taken at the verdict begins in stacks.txt) and of the attempt
+    on its node (when the verdict was taken, the health monitor's alarm). One file a rank, in the rank's own
+    folder: the agents of several nodes that share a diag dir never write the same file. With the ranks' own
+    files it is all :func:`read_attempt` needs."""
+    folders = {r.rank: r.dir for r in attempt.ranks.values()}
+    for ev in evidence.ranks:
+        if ev.rank not in folders:
+            continue
+        write_json_atomic(folders[ev.rank] / LAUNCHER_FILE, {
+            "schema": LAUNCHER_SCHEMA, "attempt": evidence.attempt, "run_id": evidence.run_id, "node": node,
+            "decided_at": evidence.decided_at, "hang": evidence.hang, "tail_lines": tail_lines,
+            "rank": {"rank": ev.rank, "local_rank": ev.local_rank, "pid": ev.pid, "exit_code": ev.exit_code,
+                     "exit_time": ev.exit_time, "alive_at_decision": ev.alive_at_decision,
+                     "stopped_by_agent": ev.stopped_by_agent, "kernel": ev.kernel.to_json() if ev.kernel else None,
+                     "stack_offset": stack_offsets.get(ev.rank), "node": node},
+        }, indent=None)  # fmt: skip
 
 
 # --- the readers: bounded, never raise on a missing or garbled file ---------------------------------
@@ -433,28 +445,46 @@ def attempt_dirs(diag_dir: Path) -> list[Path]:
 
 
 def is_attempt_dir(path: Path) -> bool:
-    """An attempt's evidence folder: ``attempt_N`` holding a launcher.json or rank folders."""
+    """An attempt's evidence folder: ``attempt_N`` holding rank folders."""
     if _number(path.name, "attempt_") is None or not path.is_dir():
         return False
-    return (path / LAUNCHER_FILE).is_file() or any(_number(d.name, "rank_") is not None for d in path.iterdir())
+    return any(_number(d.name, "rank_") is not None for d in path.iterdir())
 
 
-def _launcher_facts(attempt_dir: Path, problems: list[str]) -> tuple[dict[str, Any], dict[int, dict[str, Any]]]:
-    """launcher.json's attempt fields and its ranks by rank; an older version's folder has none, and then the
-    exits the attempt's report.json recorded stand in (facts, never its roles); else nothing is known."""
-    data = read_json(attempt_dir / LAUNCHER_FILE, LAUNCHER_MAX_BYTES)
-    if data is not None and data.get("schema") == LAUNCHER_SCHEMA and isinstance(data.get("ranks"), list):
-        ranks = {r["rank"]: r for r in data["ranks"] if isinstance(r, dict) and isinstance(r.get("rank"), int)}
-        return data, ranks
-    if data is not None:
-        problems.append(f"{LAUNCHER_FILE}: not one this version reads (schema {data.get('schema')!r}): exits unknown")
-        return {}, {}
+def _launcher_facts(
+    attempt_dir: Path, folders: dict[int, Path], problems: list[str]
+) -> tuple[dict[str, Any], dict[int, dict[str, Any]]]:
+    """What the launcher saw: the attempt's fields (of the first rank's record; ``decided_at`` the earliest of
+    the nodes') and each rank's record, from each rank's launcher.json. An earlier version's folder has none:
+    the exits its report.json recorded stand in (facts, never its roles); else nothing is known."""
+    records = {r: read_json(d / LAUNCHER_FILE, LAUNCHER_MAX_BYTES) for r, d in folders.items()}
+    ranks: dict[int, dict[str, Any]] = {}
+    attempt: dict[str, Any] = {}
+    for r, data in sorted(records.items()):
+        if data is None:
+            continue
+        entry = data.get("rank")
+        if data.get("schema") != LAUNCHER_SCHEMA or not isinstance(entry, dict):
+            problems.append(f"rank {r}: {LAUNCHER_FILE} is not one this version reads: its exit is unknown")
+            continue
+        ranks[r] = {**entry, "rank": r}
+        attempt = attempt or dict(data)
+        decided = [t for t in (attempt.get("decided_at"), data.get("decided_at")) if isinstance(t, int | float)]
+        attempt["decided_at"] = min(decided) if decided else None
+        attempt["hang"] = attempt.get("hang") or data.get("hang")
+    if ranks:
+        missing = sorted(set(folders) - set(ranks))
+        if missing:
+            problems.append(f"ranks {', '.join(map(str, missing))}: no {LAUNCHER_FILE}: their exits are unknown")
+        return attempt, ranks
     report = read_json(attempt_dir / REPORT_FILE, LAUNCHER_MAX_BYTES)
     if report is not None and isinstance(report.get("ranks"), list):
         problems.append(f"no {LAUNCHER_FILE} (an earlier version's folder): the exits come from its {REPORT_FILE}")
-        return {"node": report.get("node"), "run_id": report.get("run_id")}, report_rank_facts(report)
-    problems.append(f"no {LAUNCHER_FILE}: no rank's exit is known (the launcher was killed before its verdict, or "
-                    "the folder was copied without it)")  # fmt: skip
+        facts = report_rank_facts(report)
+        return {"node": report.get("node"), "run_id": report.get("run_id")}, {r: facts[r] for r in facts}
+    if folders:
+        problems.append(f"no {LAUNCHER_FILE}: no rank's exit is known (the launcher was killed before its verdict, "
+                        "or the folder was copied without it)")  # fmt: skip
     return {}, {}
 
 
@@ -581,26 +611,33 @@ def _rank_evidence(
     )
 
 
-def read_attempt(attempt_dir: Path, *, tail_lines: int | None = None, taxonomy: Taxonomy | None = None) -> AttemptRead:
+def read_attempt(
+    attempt_dir: Path, *, tail_lines: int | None = None, taxonomy: Taxonomy | None = None, only: set[int] | None = None
+) -> AttemptRead:
     """An attempt's evidence folder as the core's evidence model: what the launcher saw (``launcher.json``)
     and every rank's own files, the stalls the health monitor recorded, the environment snapshot. The live
     agent judges what this returns; so does ``elastic-diag analyze`` pointed at the folder. A folder that is
     half there (a run killed mid-write, a copy missing files, an earlier version's) gives what is there and
-    says what is missing in ``problems``; nothing raises."""
+    says what is missing in ``problems``; nothing raises. ``only``: these ranks (the live agent of one node reads
+    its own ranks; the other nodes' agents write theirs into the same folder on a shared file system)."""
     from elastic_diag.core.evidence import AttemptEvidence
     from elastic_diag.core.taxonomy import load_taxonomy
     from elastic_diag.core.values import as_int, as_seconds
 
     tax = taxonomy or load_taxonomy()
     problems: list[str] = []
-    attempt_facts, rank_facts = _launcher_facts(attempt_dir, problems)
-    node = str(attempt_facts.get("node") or "")
-    lines = tail_lines or as_int(attempt_facts.get("tail_lines")) or DEFAULT_TAIL_LINES
     try:
         folders = {n: d for d in attempt_dir.iterdir() if (n := _number(d.name, "rank_")) is not None and d.is_dir()}
     except OSError as e:
         problems.append(f"{attempt_dir}: {e.strerror or e}")
         folders = {}
+    if only is not None:
+        folders = {r: d for r, d in folders.items() if r in only}
+    attempt_facts, rank_facts = _launcher_facts(attempt_dir, folders, problems)
+    if only is not None:
+        rank_facts = {r: f for r, f in rank_facts.items() if r in only}
+    node = str(attempt_facts.get("node") or "")
+    lines = tail_lines or as_int(attempt_facts.get("tail_lines")) or DEFAULT_TAIL_LINES
     ranks = tuple(
         _rank_evidence(r, folders.get(r), rank_facts.get(r, {}), node, lines, tax, problems)
         for r in sorted(set(folders) | set(rank_facts))

@@ -129,6 +129,14 @@ def redact_file(path: str | os.PathLike[str], redactor: Redactor, chunk: int = 1
             os.unlink(tmp)
 
 
+def redact_files(paths: Sequence[str | os.PathLike[str]], redactor: Redactor | None = None) -> list[str]:
+    """Mask the secrets in each existing file (the ranks' streams once they have exited); the ones rewritten."""
+    redactor = redactor or current()
+    if not redactor.values:
+        return []
+    return [os.fspath(p) for p in paths if os.path.exists(p) and redact_file(p, redactor)]
+
+
 _CURRENT: Redactor | None = None
 
 

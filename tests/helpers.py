@@ -25,6 +25,7 @@ import pytest
 from elastic_diag.report.schema import validate
 
 ROOT = Path(__file__).resolve().parents[1]
+FIXTURES = ROOT / "tests" / "fixtures"
 EXAMPLE = ROOT / "examples" / "train_ddp.py"
 
 

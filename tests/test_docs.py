@@ -30,7 +30,7 @@ def text_of(page: Path) -> str:
 
 def test_every_parser_option_is_in_the_cli_reference(site):
     from elastic_diag.cli import get_parser as elastic_diag_parser
-    from elastic_diag.launch.run import get_parser as torchrun_diag_parser
+    from elastic_diag.launch.arguments import get_parser as torchrun_diag_parser
 
     page = (site / "cli-reference" / "index.html").read_text()
     options = [o for a in torchrun_diag_parser()._actions for o in a.option_strings if o not in ("-h", "--help")]

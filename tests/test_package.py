@@ -48,8 +48,8 @@ LAYER_OF = {
 MAY_IMPORT = {
     "base": {"base"},
     "layout": {"base", "core", "layout"},  # the readers build the core's records; writes go through the redactor
-    "core": {"base", "core", "layout"},  # layout's names only (schema ids): no reader is called from the core
-    "report": {"base", "layout", "core", "report", "offline"},  # the page of a missing report: its analysis
+    "core": {"base", "core"},  # pure: the evidence model and the rules; no file name, no reader
+    "report": {"base", "layout", "core", "report"},
     "offline": {"base", "layout", "core", "report", "offline"},
     "gate": {"base", "layout", "core", "report", "gate"},  # the verification's judgement is the core's
     "worker": {"layout", "worker"},

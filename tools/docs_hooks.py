@@ -48,7 +48,7 @@ def _options_table(parser: argparse.ArgumentParser) -> list[str]:
 
 def cli_reference() -> str:
     from elastic_diag.cli import get_parser as elastic_diag_parser
-    from elastic_diag.launch.run import get_parser as torchrun_diag_parser
+    from elastic_diag.launch.arguments import get_parser as torchrun_diag_parser
 
     lines = [
         "# CLI reference",

@@ -34,11 +34,11 @@ from torch.distributed.elastic.rendezvous.api import RendezvousTimeoutError
 from elastic_diag._compat import worker_processes
 from elastic_diag.agent.clock import skewed_clock
 from elastic_diag.agent.logs_specs import DiagLogsSpecs
-from elastic_diag.config import ENV_REQUEUE_EXIT_CODE, host_name
+from elastic_diag.config import host_name
 from elastic_diag.core.evidence import AttemptEvidence, RankEvidence
 from elastic_diag.errors import EXIT_FAILED, EXIT_SIGNALLED
 from elastic_diag.layout import read_exception
-from elastic_diag.report.session import DiagSession
+from elastic_diag.report.session import DiagSession, RunEnd
 
 if TYPE_CHECKING:
     from elastic_diag.agent.capture import AttemptCapture
@@ -63,31 +63,38 @@ class DiagAgent(LocalElasticAgent):
         session.pass_through = (SignalException,)  # a stop from outside is not an internal error
 
     def run(self, role: str = DEFAULT_ROLE) -> RunResult:
-        from elastic_diag.report.summary import print_summary
-
+        """torch's run; launched by plain torchrun (the switch), the agent also ends the run itself
+        (``DiagSession.end``, as torchrun-diag does): the report, the summary, and on a stop from outside exit
+        128 + N, on a failure that asks for a requeue the requeue code (torch's own exit is 1)."""
         try:
             result: RunResult = super().run(role)
         except SignalException as e:  # torch has passed the signal on to the workers and stopped them
             if not self._print_summary:
                 raise  # torchrun-diag writes the report and exits 128 + N itself
-            # plain torchrun: the report, then exit 128 + N as torchrun-diag does (not torch's traceback
-            # and exit 1), keeping the rendezvous open for the other nodes as torch does on a signal
+            # plain torchrun: keep the rendezvous open for the other nodes as torch does on a signal
+            code = EXIT_SIGNALLED + int(e.sigval)
             with self._session.guard("writing the report of a launcher stopped by a signal"):
-                report = self._session.finish_stopped(e.sigval)
-                print_summary(report, str(self._session.report_path))
+                code = self._announce(self._session.end("stopped", signum=int(e.sigval)))
             keep_rendezvous_open(self._worker_group.spec.rdzv_handler)
             defer_stop_signals(exiting=True)
-            raise SystemExit(EXIT_SIGNALLED + int(e.sigval)) from e
+            raise SystemExit(code) from e
         if self._print_summary:
+            code = EXIT_FAILED
             with self._session.guard("writing the report at the end of the run"):
-                report = self._session.finish("succeeded" if result.state == WorkerState.SUCCEEDED else "failed")
-                print_summary(report, str(self._session.report_path))
-            code = self._session.exit_status(EXIT_FAILED)
-            if result.state != WorkerState.SUCCEEDED and code != EXIT_FAILED:
-                reason = self._session.requeue.reason if self._session.requeue is not None else ""
-                print(f"elastic_diag: exit {code} ({ENV_REQUEUE_EXIT_CODE}): {reason}", file=sys.stderr)
+                code = self._announce(self._session.end("succeeded" if result.state == WorkerState.SUCCEEDED
+                                                        else "failed"))  # fmt: skip
+            if result.state != WorkerState.SUCCEEDED and self._session.requeue is not None \
+                    and self._session.requeue.requeue:  # fmt: skip
                 raise SystemExit(code)
         return result
+
+    def _announce(self, end: RunEnd) -> int:
+        from elastic_diag.report.summary import print_summary
+
+        print_summary(end.report, str(self._session.report_path))
+        if end.requeue_line:
+            print(end.requeue_line, file=sys.stderr)
+        return end.exit_code
 
     def _invoke_run(self, role: str = DEFAULT_ROLE) -> RunResult:
         try:
@@ -139,7 +146,8 @@ class DiagAgent(LocalElasticAgent):
         return pids
 
     def _new_capture(self, worker_group: WorkerGroup) -> AttemptCapture | None:
-        from elastic_diag.agent.capture import AttemptCapture, Worker
+        from elastic_diag.agent.capture import AttemptCapture
+        from elastic_diag.agent.processes import Worker
         from elastic_diag.core.merge import node_label
 
         procs = worker_processes(self._pcontext)
@@ -157,7 +165,7 @@ class DiagAgent(LocalElasticAgent):
         node = node_label(self._node, worker_group.group_rank or 0, world)
         cluster = self._join_cluster(worker_group, layout.attempt, node) if world > 1 else None
         return AttemptCapture(attempt=layout, workers=workers, node=node, config=self._session.config,
-                              session=self._session, clock=self._clock, cluster=cluster)  # fmt: skip
+                              session=self._session, clock=self._clock, cluster=cluster).start()  # fmt: skip
 
     def _join_cluster(self, worker_group: WorkerGroup, attempt: int, node: str) -> Cluster | None:
         """Several nodes: say who is where, and measure this node's clock against the leader's."""

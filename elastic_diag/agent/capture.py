@@ -21,18 +21,14 @@ processes and a fake clock.
 
 from __future__ import annotations
 
-import contextlib
-import json
-import os
 import signal
 import threading
 import time
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 from torch.distributed.elastic.agent.server.api import RunResult, WorkerState
-from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
 
 from elastic_diag import redaction
 from elastic_diag.agent.clock import Clock, Sleep
@@ -40,7 +36,8 @@ from elastic_diag.agent.dumps import POLL_S, native_stacks_of, remove_wake_fifos
 from elastic_diag.agent.environment import BUDGET_S as ENVIRONMENT_BUDGET_S
 from elastic_diag.agent.environment import take_snapshot
 from elastic_diag.agent.health import HangAlarm, HealthMonitor
-from elastic_diag.agent.kernel import kernel_log_oom_lines, oom_evidence, remember_cgroups
+from elastic_diag.agent.processes import Worker, WorkerProcesses
+from elastic_diag.agent.root_cause import corrected_failures
 from elastic_diag.agent.stall import StallSnapshots
 from elastic_diag.agent.tailer import StreamTailer
 from elastic_diag.config import DiagConfig
@@ -52,16 +49,13 @@ from elastic_diag.core.stall import StallRecord
 from elastic_diag.core.verdict import AttemptStatus, Diagnosis
 from elastic_diag.layout import (
     ENVIRONMENT_FILE,
-    EXCEPTION_FILE,
     FILTERED_STDERR_FILE,
     FILTERED_STDOUT_FILE,
     PROGRESS_FILE,
-    ROOT_CAUSE_FILE,
     STACKS_FILE,
     STDERR_FILE,
     STDOUT_FILE,
     AttemptLayout,
-    RankLayout,
     read_attempt,
     stack_file_size,
     write_json_atomic,
@@ -85,53 +79,6 @@ CGROUP_POLL_S = 0.25  # how often a live rank's cgroup is read (it may move itse
 STALL_JOIN_S = 10.0  # the end of an attempt waits this long at most for a stall snapshot under way
 
 
-class ExitWatcher:
-    """Records the exact time each worker process exits, without reaping it."""
-
-    def __init__(self, pids: dict[int, int], clock: Clock = time.time) -> None:
-        self._clock = clock
-        self.exit_times: dict[int, float] = {}
-        self._lock = threading.Lock()
-        for key, pid in pids.items():
-            t = threading.Thread(target=self._watch, args=(key, pid), name=f"elastic-diag-exit-{key}", daemon=True)
-            t.start()
-
-    def _watch(self, key: int, pid: int) -> None:
-        try:
-            os.waitid(os.P_PID, pid, os.WEXITED | os.WNOWAIT)
-        except ChildProcessError:
-            return  # already reaped by Popen.poll(); the poller's time is used instead
-        except OSError:
-            return
-        with self._lock:
-            self.exit_times.setdefault(key, self._clock())
-
-    def time_of(self, key: int) -> float | None:
-        with self._lock:
-            return self.exit_times.get(key)
-
-    def exited(self) -> set[int]:
-        with self._lock:
-            return set(self.exit_times)
-
-
-class Process(Protocol):
-    """What the capture needs of a worker process: torch's ``Popen`` (or a fake in the unit tests)."""
-
-    @property
-    def pid(self) -> int: ...
-
-    def poll(self) -> int | None: ...
-
-
-@dataclass(slots=True)
-class Worker:
-    rank: int
-    local_rank: int
-    proc: Process
-    layout: RankLayout
-
-
 class AttemptCapture:
     """The evidence of one attempt of the local worker group."""
 
@@ -152,15 +99,14 @@ class AttemptCapture:
         bound the waits (the grace, the dumps, the teardown). Unit tests pass fakes for all three."""
         self.attempt = attempt
         self.cluster = cluster
-        self.workers = {w.local_rank: w for w in workers}
+        self.processes = WorkerProcesses(workers, clock=clock, monotonic=monotonic, sleep=sleep)
+        self.workers = self.processes.workers
         self.node = node
         self.config = config
         self.session = session
         self._clock = clock
         self._monotonic = monotonic
         self._sleep = sleep
-        self.watcher = ExitWatcher({w.local_rank: w.proc.pid for w in workers}, clock)
-        self.poll_times: dict[int, float] = {}
         self.decided = False
         self.decided_at: float | None = None
         self.finished = False
@@ -175,12 +121,6 @@ class AttemptCapture:
         # every rank's output read as it grows, each line stamped: the first error a rank printed of its
         # own is when its failure began, even if it re-raised only after seconds of cleanup
         self.tailer = StreamTailer({w.local_rank: w.layout.dir for w in workers}, clock=clock)
-        self.tailer.start()
-        self.cgroups: dict[int, dict[str, str]] = {}  # each live rank's cgroup paths, last read
-        self.cgroup_baseline: dict[int, dict[str, Any] | None] = {}  # its memory cgroup when first seen there
-        self._cgroups_read_at = float("-inf")
-        self._started_monotonic = monotonic()  # kernel log stamps are seconds since boot, as CLOCK_MONOTONIC
-        self._kernel: dict[int, dict[str, Any]] = {}
         self._environment: threading.Thread | None = None
         self.environment: dict[str, Any] | None = None  # the snapshot, once taken
         # one request for the ranks' stacks at a time: a stall snapshot's and a verdict's would read each other's
@@ -188,64 +128,34 @@ class AttemptCapture:
         self.stalls = StallSnapshots(
             attempt_dir=attempt.dir, attempt=attempt.attempt, node=node, stack_timeout_s=config.stack_timeout_s,
             targets={w.local_rank: (w.rank, w.proc.pid, w.layout) for w in workers}, dump_lock=self.dump_lock,
-            decided=lambda: self.decided or self.finished, exited=self.watcher.exited,
+            decided=lambda: self.decided or self.finished, exited=self.processes.watcher.exited,
             warn=self.session.warnings.append, clock=clock,
         )  # fmt: skip
         self.health: HealthMonitor | None = None
         if config.monitored:
             files = {w.local_rank: w.layout.path(PROGRESS_FILE) for w in workers}
-            self.health = HealthMonitor(files, config.hang_timeout_s, exited=self.watcher.exited,
+            self.health = HealthMonitor(files, config.hang_timeout_s, exited=self.processes.watcher.exited,
                                         stall_timeout_s=config.stall_timeout_s, on_stall=self.stalls.on_stall,
                                         on_stall_end=self.stalls.on_stall_end)  # fmt: skip
+
+    def start(self) -> AttemptCapture:
+        """The threads of the attempt: the exit watchers, the line clock, the health monitor."""
+        self.processes.start()
+        self.tailer.start()
+        if self.health is not None:
             self.health.start()
+        return self
 
-    # -- polling ----------------------------------------------------------------------------------
+    # -- the processes (agent/processes.py) ------------------------------------------------------------
     def _poll(self) -> dict[int, int | None]:
-        codes = {}
-        for lr, w in self.workers.items():
-            code = w.proc.poll()  # Popen's own bookkeeping; torch's later poll() sees the same code
-            if code is not None and lr not in self.poll_times:
-                self.poll_times[lr] = self._clock()
-            codes[lr] = code
-        now = self._monotonic()
-        if now - self._cgroups_read_at >= CGROUP_POLL_S:  # a zombie's /proc/<pid>/cgroup shows the root
-            self._cgroups_read_at = now
-            gone = self.watcher.exited()
-            live = {lr: self.workers[lr].proc.pid for lr, c in codes.items() if c is None and lr not in gone}
-            with contextlib.suppress(Exception):
-                remember_cgroups(live, self.cgroups, self.cgroup_baseline)
-        return codes
-
-    def kernel_evidence(self, codes: dict[int, int | None], stopped: set[int]) -> dict[int, dict[str, Any]]:
-        """For each rank SIGKILLed by something other than the launcher: what the kernel says (an OOM
-        kill proven by its log or the rank's memory cgroup, or which sources proved nothing). Once."""
-        killed = {lr for lr, c in codes.items() if c == -signal.SIGKILL and lr not in stopped}
-        todo = killed - set(self._kernel)
-        if todo:
-            pids = {self.workers[lr].proc.pid for lr in todo}
-            lines, memcgs, source = kernel_log_oom_lines(pids, since=self._started_monotonic - 5.0)
-            for lr in todo:
-                pid = self.workers[lr].proc.pid
-                self._kernel[lr] = oom_evidence(pid, self.cgroup_baseline.get(lr), self.cgroups.get(lr, {}), lines,
-                                                source, memcgs.get(pid))  # fmt: skip
-        return {lr: self._kernel[lr] for lr in killed}
+        return self.processes.poll()
 
     def exit_time(self, lr: int) -> float | None:
-        return self.watcher.time_of(lr) or self.poll_times.get(lr)
-
-    def _dying(self, lr: int) -> bool:
-        """The rank's excepthook has recorded an uncaught exception: it is on its way out."""
-        return self.workers[lr].layout.path(EXCEPTION_FILE).exists()
+        return self.processes.exit_time(lr)
 
     def has_failure(self) -> bool:
         """A rank exited non-zero, or recorded an uncaught exception (its exit can take seconds)."""
-        codes = self._poll()
-        return any(c not in (None, 0) for c in codes.values()) or any(
-            self._dying(lr) for lr, c in codes.items() if c is None
-        )
-
-    def _waiting_for(self, codes: dict[int, int | None]) -> set[int]:
-        return {lr for lr, c in codes.items() if c is None and not self._dying(lr)}
+        return self.processes.has_failure()
 
     # -- the capture before teardown ---------------------------------------------------------------
     def decide(self) -> Diagnosis:
@@ -256,13 +166,13 @@ class AttemptCapture:
         """
         deadline = self._monotonic() + self.config.grace_s
         codes = self._poll()
-        while self._waiting_for(codes) and self._monotonic() < deadline:
+        while self.processes.waiting_for(codes) and self._monotonic() < deadline:
             self._sleep(POLL_S)
             codes = self._poll()
         alive = {lr for lr, c in codes.items() if c is None}
         self.alive_at_decision = alive
         self.decided_at = self._clock()
-        silent = self._waiting_for(codes)  # alive with no exception of their own: where are they?
+        silent = self.processes.waiting_for(codes)  # alive with no exception of their own: where are they?
         self.decided = True  # no stall snapshot starts from now on
         if silent:  # their stacks and flight recorders (the beacon; the faulthandler signal if it is silent)
             targets = {lr: (self.workers[lr].proc.pid, self.workers[lr].layout) for lr in silent}
@@ -333,9 +243,7 @@ class AttemptCapture:
         teardown SIGKILLs them. Returns the record of who exited and where the others were."""
         codes = self._poll()
         alive = sorted(lr for lr, c in codes.items() if c is None)
-        for lr in alive:
-            with contextlib.suppress(OSError):
-                os.kill(self.workers[lr].proc.pid, signum)
+        self.processes.signal(alive, signum)
         sent_at = self._clock()
         deadline = self._monotonic() + self.config.grace_s
         while self._monotonic() < deadline and any(codes[lr] is None for lr in alive):
@@ -371,13 +279,7 @@ class AttemptCapture:
 
     def stop_group(self) -> None:
         """SIGTERM every live rank; torch's own monitor then sees the exits and tears down the rest."""
-        for lr, code in self._poll().items():  # the capture's own poll: it records each exit's time
-            if code is None:
-                with contextlib.suppress(OSError):
-                    os.kill(self.workers[lr].proc.pid, signal.SIGTERM)
-        deadline = self._monotonic() + 5.0
-        while self._monotonic() < deadline and None in self._poll().values():
-            self._sleep(POLL_S)
+        self.processes.stop()
 
     def evidence(self, *, final: bool) -> AttemptEvidence:
         """Every rank's evidence as it stands now (``final``: after torch's teardown): what the launcher saw is
@@ -386,10 +288,11 @@ class AttemptCapture:
         codes = self._poll()
         with self.session.guard("reading the ranks' output"):
             self.tailer.poll(final=final)  # catch up with what the ranks printed until now
-        alive, stopped = self._alive_and_stopped(codes, final)
+        alive, stopped = self.processes.alive_and_stopped(codes, final=final, decided=self.decided,
+                                                          alive_at_decision=self.alive_at_decision)  # fmt: skip
         kernel: dict[int, dict[str, Any]] = {}
         with self.session.guard("reading the kernel's evidence of a SIGKILL"):
-            kernel = self.kernel_evidence(codes, stopped)
+            kernel = self.processes.kernel_evidence(codes, stopped)
         seen = AttemptEvidence(
             attempt=self.attempt.attempt,
             ranks=tuple(
@@ -403,29 +306,14 @@ class AttemptCapture:
             hang=self.hang.to_json() if self.hang is not None else None,
         )  # fmt: skip
         offsets = {self.workers[lr].rank: offset for lr, offset in self.stack_offsets.items() if self.stacks.get(lr)}
-        write_launcher_record(self.attempt.dir, seen, node=self.node, tail_lines=self.config.tail_lines,
+        write_launcher_record(self.attempt, seen, node=self.node, tail_lines=self.config.tail_lines,
                               stack_offsets=offsets)  # fmt: skip
-        read = read_attempt(self.attempt.dir, tail_lines=self.config.tail_lines)
+        read = read_attempt(self.attempt.dir, tail_lines=self.config.tail_lines,
+                            only={w.rank for w in self.workers.values()})  # fmt: skip
         problems = [*read.problems, *self.tailer.problems]
         problems.extend(evidence_gaps(list(read.evidence.ranks), self.tailer))
         self.problems = [*self.missing_evidence, *problems]
         return read.evidence
-
-    def _alive_and_stopped(self, codes: dict[int, int | None], final: bool) -> tuple[set[int], set[int]]:
-        """The ranks alive when the verdict was taken, and those the launcher's teardown ended (SIGTERM, or
-        SIGKILL after its deadline)."""
-        alive = set(self.alive_at_decision)
-        if final and not self.decided:
-            # torch saw the failure before we did: ranks it killed are the SIGTERM/SIGKILL exits
-            # that came after the first failure.
-            failures = [self.exit_time(lr) for lr, c in codes.items() if c not in (None, 0)]
-            first = min((t for t in failures if t is not None), default=None)
-            for lr, c in codes.items():
-                t = self.exit_time(lr)
-                if c in (-signal.SIGTERM, -signal.SIGKILL) and first is not None and t is not None and t > first:
-                    alive.add(lr)
-        stopped = {lr for lr in alive if codes.get(lr) in (-signal.SIGTERM, -signal.SIGKILL)} if final else set()
-        return alive, stopped
 
     @property
     def stall_records(self) -> tuple[StallRecord, ...]:
@@ -465,56 +353,22 @@ class AttemptCapture:
                 diagnosis = global_verdict(self.cluster, self.session, attempt=self.attempt.attempt, node=self.node,
                                            evidence=evidence, local=diagnosis, status=status)  # fmt: skip
         if status == "failed" and diagnosis.initiating_rank is not None:
-            result.failures = self._corrected_failures(result.failures, evidence, diagnosis)
+            result.failures = corrected_failures(
+                result.failures,
+                evidence,
+                diagnosis,
+                diag_dir=self.config.diag_dir,
+                rank_dirs={lr: w.layout.dir for lr, w in self.workers.items()},
+            )
         self.redact_streams()
         return result
 
     def redact_streams(self) -> None:
         """The ranks have exited: mask this job's secrets in what they printed (redaction.py)."""
-        redactor = redaction.current()
-        if not redactor.values:
-            return
+        streams = [w.layout.path(name) for w in self.workers.values() for name in (STDOUT_FILE, STDERR_FILE)]
+        streams += [self.attempt.dir / name for name in (FILTERED_STDOUT_FILE, FILTERED_STDERR_FILE)]
         with self.session.guard("masking secrets in the ranks' output"):
-            for w in self.workers.values():
-                for name in (STDOUT_FILE, STDERR_FILE):
-                    if w.layout.path(name).exists():
-                        redaction.redact_file(w.layout.path(name), redactor)
-            for name in (FILTERED_STDOUT_FILE, FILTERED_STDERR_FILE):
-                if (self.attempt.dir / name).exists():
-                    redaction.redact_file(self.attempt.dir / name, redactor)
-
-    def _corrected_failures(
-        self, failures: dict[int, ProcessFailure], evidence: AttemptEvidence, diagnosis: Diagnosis
-    ) -> dict[int, ProcessFailure]:
-        root = diagnosis.initiating_rank
-        if root not in failures:
-            return failures
-        old = failures[root]
-        ev = next(r for r in evidence.ranks if r.rank == root)
-        earliest = min(f.timestamp for f in failures.values())
-        detail = [f"elastic_diag: rank {root} is the initiating rank ({diagnosis.failure_class}).", diagnosis.summary]
-        if ev.exception is not None and ev.exception.traceback:
-            detail.append(ev.exception.traceback.rstrip())
-        elif ev.stack is not None:
-            detail.append("Its stack when the launcher took the verdict:")
-            detail.append(ev.stack.text.rstrip()[:8000])
-        else:
-            detail.append("Last lines of its stderr:")
-            detail.extend(f"  {line}" for line in ev.stderr_tail[-15:])
-        detail.append(f"Evidence: {self.session.config.diag_dir}")
-        root_file = self.workers[old.local_rank].layout.path(ROOT_CAUSE_FILE)
-        data: dict[str, Any] = {
-            "message": {
-                "message": diagnosis.summary,
-                "extraInfo": {"py_callstack": "\n".join(detail), "timestamp": str(earliest)},
-                "errorCode": old.exitcode,
-            }
-        }
-        root_file.write_text(redaction.current().text(json.dumps(data)))
-        fixed = ProcessFailure(local_rank=old.local_rank, pid=old.pid, exitcode=old.exitcode, error_file=str(root_file))
-        ordered = {root: fixed}
-        ordered.update((r, f) for r, f in failures.items() if r != root)
-        return ordered
+            redaction.redact_files(streams)
 
 
 def evidence_gaps(ranks: list[RankEvidence], tailer: StreamTailer) -> list[str]:

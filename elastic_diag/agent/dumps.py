@@ -25,6 +25,7 @@ from elastic_diag.layout import (
     read_json,
     read_stack_since,
     stack_file_size,
+    write_atomic,
 )
 from elastic_diag.worker import bootstrap
 
@@ -76,9 +77,7 @@ def request_dumps(
     for k, (_, layout) in targets.items():
         try:
             (layout.dir / DUMP_DONE_FILE).unlink(missing_ok=True)
-            tmp = layout.dir / f".{DUMP_REQUEST_FILE}.tmp"
-            tmp.write_text(request_id)
-            os.replace(tmp, layout.dir / DUMP_REQUEST_FILE)
+            write_atomic(layout.dir / DUMP_REQUEST_FILE, request_id, redact=False)
             pending.add(k)
         except OSError:
             pass

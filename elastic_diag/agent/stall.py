@@ -45,8 +45,8 @@ from elastic_diag.layout import (
     rank_dir_name,
     read_json,
     stall_dir_name,
+    write_json_atomic,
 )
-from elastic_diag.report.document import write_json_atomic
 
 LOCK_WAIT_S = 15.0  # a verdict's own dumps hold the lock this long at most
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import codecs
 import contextlib
-import json
 import os
 import re
 import threading
@@ -22,11 +21,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from elastic_diag import redaction
 from elastic_diag.core.error_lines import ErrorScanner, error_line_to_json
 from elastic_diag.core.evidence import ErrorLine
 from elastic_diag.core.taxonomy import Taxonomy, load_taxonomy
-from elastic_diag.layout import FIRST_ERROR_FILE, STREAM_FILES
+from elastic_diag.layout import FIRST_ERROR_FILE, STREAM_FILES, write_json_atomic
 
 POLL_S = 0.1  # a line is stamped within this of its arrival (each wake-up costs the agent CPU on a loaded host)
 IDLE_POLL_S = 0.2  # quiet streams are read less often: a line after a quiet spell is stamped up to this late
@@ -166,11 +164,8 @@ class StreamTailer:
             return
         self._written.add(key)
         first = min(found, key=lambda e: e.time)
-        path = self._dirs[key] / FIRST_ERROR_FILE
         with contextlib.suppress(OSError):
-            tmp = path.with_name(f".{FIRST_ERROR_FILE}.tmp")
-            tmp.write_text(redaction.current().text(json.dumps(error_line_to_json(first))))
-            os.replace(tmp, path)
+            write_json_atomic(self._dirs[key] / FIRST_ERROR_FILE, error_line_to_json(first), indent=None)
 
     def skipped_bytes(self, key: int) -> int:
         return sum(s.skipped for s in self._streams.get(key, ()))

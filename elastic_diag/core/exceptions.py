@@ -87,7 +87,7 @@ def exception_from_json(data: Any) -> ExceptionRecord | None:
     records, back as an ExceptionRecord; None for anything that is not one (garbled, foreign)."""
     if not isinstance(data, dict) or not isinstance(data.get("type"), str) or not data["type"]:
         return None
-    mro, chain, thread = data.get("mro"), data.get("chain"), data.get("thread")
+    mro, chain, thread, problems = data.get("mro"), data.get("chain"), data.get("thread"), data.get("problems")
     return ExceptionRecord(
         type=data["type"],
         message=str(data.get("message", "")),
@@ -98,7 +98,7 @@ def exception_from_json(data: Any) -> ExceptionRecord | None:
         if isinstance(chain, list)
         else (),
         thread=str(thread) if thread else None,
-        problems=tuple(p for p in data.get("problems") or () if isinstance(p, str)),
+        problems=tuple(p for p in problems if isinstance(p, str)) if isinstance(problems, list) else (),
     )
 
 

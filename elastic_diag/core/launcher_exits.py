@@ -12,7 +12,7 @@ from __future__ import annotations
 import signal
 from dataclasses import replace
 
-from elastic_diag.core.evidence import AttemptEvidence, LauncherExit, LogLine, RankEvidence
+from elastic_diag.core.evidence import AttemptEvidence, LogLine, RankEvidence
 from elastic_diag.core.taxonomy import Signature, Taxonomy
 
 _BY_SIGNAL = (-signal.SIGTERM, -signal.SIGKILL)
@@ -165,8 +165,3 @@ def exits_from_lines(evidence: AttemptEvidence, taxonomy: Taxonomy) -> AttemptEv
         changed = changed or new is not ev
         ranks[ev.rank] = new
     return _with_ranks(evidence, ranks) if changed else evidence
-
-
-def summary_exit(exits: tuple[LauncherExit, ...], rank: int) -> LauncherExit | None:
-    """torchrun's summary entry of ``rank``, if the logs show one."""
-    return next((e for e in exits if e.launcher == "torchrun" and e.rank == rank), None)

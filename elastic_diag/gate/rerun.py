@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import io
-import json
 import os
 import signal
 import subprocess
@@ -28,6 +27,7 @@ from elastic_diag.core.taxonomy import load_taxonomy
 from elastic_diag.core.verification import judge, signature_line
 from elastic_diag.errors import UsageError
 from elastic_diag.layout import REPORT_FILE
+from elastic_diag.report.document import read_report
 
 VERIFICATION_LOG = "verification.log"
 LOG_LIMIT = 8 * 1024 * 1024  # bytes of output kept on disk: the first half and the last half
@@ -165,14 +165,6 @@ def _signal_group(pgid: int, sig: int) -> None:
         os.killpg(pgid, sig)
 
 
-def _read_json(path: Path) -> dict[str, Any] | None:
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) else None
-
-
 def signature_patterns(signature_id: str | None) -> tuple[str, ...]:
     if not signature_id:
         return ()
@@ -188,7 +180,7 @@ def verify_diag_dir(diag_dir: Path, *, timeout_s: float = DEFAULT_TIMEOUT_S) -> 
     (``passed``, ``summary``, ...). Raises UsageError when there is no report or nothing to run."""
     diag_dir = diag_dir.absolute()
     report_path = diag_dir / REPORT_FILE
-    report = _read_json(report_path)
+    report = read_report(report_path)
     if report is None:
         raise UsageError(f"no readable {REPORT_FILE} in {diag_dir}: is it a diag dir of torchrun-diag?")
     d = dict(report.get("diagnosis") or {})
@@ -207,7 +199,7 @@ def verify_diag_dir(diag_dir: Path, *, timeout_s: float = DEFAULT_TIMEOUT_S) -> 
             candidate = Path(str(verify_dir)) / REPORT_FILE
             try:
                 if candidate.stat().st_mtime >= started_at - 1:
-                    rerun = _read_json(candidate)
+                    rerun = read_report(candidate)
             except OSError:
                 rerun = None
         patterns = signature_patterns(d.get("signature_id"))
@@ -238,10 +230,10 @@ def verify_diag_dir(diag_dir: Path, *, timeout_s: float = DEFAULT_TIMEOUT_S) -> 
 
 def _record(diag_dir: Path, record: dict[str, Any]) -> None:
     """``verification`` into report.json (read again: the launcher may have rewritten it meanwhile) and the page."""
-    from elastic_diag.report.document import write_json_atomic
+    from elastic_diag.report.document import write_report
     from elastic_diag.report.html import write_html
 
-    report = _read_json(diag_dir / REPORT_FILE) or {}
+    report = read_report(diag_dir / REPORT_FILE) or {}
     report["verification"] = record
-    write_json_atomic(diag_dir / REPORT_FILE, report)
+    write_report(diag_dir / REPORT_FILE, report)
     write_html(diag_dir, report)

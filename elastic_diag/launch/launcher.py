@@ -10,6 +10,7 @@ private names this copy and the agent use).
 from __future__ import annotations
 
 import os
+import traceback
 import uuid
 from collections.abc import Callable
 from typing import Any
@@ -135,9 +136,15 @@ def elastic_launch(
         try:
             result = launch_agent(config, entrypoint, list(args), session=session)
         except ChildFailedError:
-            session.finish("failed")
+            session.end("failed")
             raise
-        session.finish("succeeded")
+        except SignalException as e:
+            session.end("stopped", signum=int(e.sigval))
+            raise
+        except Exception as e:
+            session.end("failed", launch_error="".join(traceback.format_exception(e)))
+            raise
+        session.end("succeeded")
         return result
 
     return launch

@@ -116,7 +116,7 @@ def job_facts(launcher: Launcher, config: DiagConfig, argv: Sequence[str] | None
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
         if launcher == "torchrun-diag":
-            from elastic_diag.launch.run import get_parser
+            from elastic_diag.launch.arguments import get_parser
 
             options, rest, args = _split(argv, get_parser())
             program = _program("torchrun-diag", "elastic_diag.run")

@@ -18,126 +18,21 @@ import sys
 import traceback
 import uuid
 from collections.abc import Sequence
-from typing import NoReturn
+from typing import TYPE_CHECKING, NoReturn
 
 from elastic_diag.errors import (
     EXIT_FAILED,
     EXIT_OK,
-    EXIT_RESTART_REFUSED,
-    EXIT_SIGNALLED,
     EXIT_USAGE,
-    EXIT_VERIFY_FAILED,
     UsageError,
 )
+from elastic_diag.launch.arguments import get_parser
 from elastic_diag.layout import ENV_SWITCH
 
+if TYPE_CHECKING:
+    from elastic_diag.report.session import DiagSession, RunEnd
+
 logger = logging.getLogger("elastic_diag")
-
-
-def get_parser() -> argparse.ArgumentParser:
-    from torch.distributed.run import get_args_parser
-
-    from elastic_diag import __version__
-
-    parser = get_args_parser()
-    parser.prog = "torchrun-diag"
-    parser.description = "torchrun with elastic_diag: names the rank that failed first, keeps its evidence."
-    group = parser.add_argument_group("elastic_diag", "Diagnosis options (all torchrun options above work as usual)")
-    group.add_argument(
-        "--diag-dir",
-        default=None,
-        help="Folder for the run's evidence and report.json (env ELASTIC_DIAG_DIR; default: a new folder "
-        "under ./elastic_diag_runs/).",
-    )
-    group.add_argument(
-        "--diag-grace",
-        type=float,
-        default=None,
-        help="Seconds to let other ranks exit on their own after the first failure, before their stacks "
-        "are taken and the group is torn down (env ELASTIC_DIAG_GRACE; default 5).",
-    )
-    group.add_argument(
-        "--diag-stack-timeout",
-        type=float,
-        default=None,
-        help="Seconds to wait for the stack dumps of ranks still alive (default 2).",
-    )
-    group.add_argument(
-        "--diag-hang-timeout",
-        default=None,
-        metavar="auto|off|SECONDS",
-        help="Call a hang when no rank has made progress (steps, backward, collectives, heartbeats) for this "
-        "long: take every rank's stacks and flight recorder, then stop the group. 'auto' (default): 10x the "
-        "median step time, at least 60 s, 600 s before 3 steps (env ELASTIC_DIAG_HANG_TIMEOUT).",
-    )
-    group.add_argument(
-        "--diag-stall-timeout",
-        default=None,
-        metavar="auto|off|SECONDS",
-        help="When no rank has made progress for this long while one waits in a collective, take every rank's "
-        "stacks and flight recorder WITHOUT stopping anything (a stall record; a warning if progress resumes, "
-        "the evidence of the verdict if the job then fails). 'auto' (default): 3x the median step time, at least "
-        "5 s, 30 s before 3 steps; at most one snapshot a minute (env ELASTIC_DIAG_STALL_TIMEOUT).",
-    )
-    group.add_argument(
-        "--diag-restart-policy",
-        default=None,
-        metavar="never|always|verified|MODULE:CALLABLE",
-        help="Whether a failed attempt may restart (with --max-restarts): 'verified' (default) restarts only "
-        "a failure that is not deterministic, after the verification controls pass, and never into the same "
-        "failure unless the checkpoint advanced; 'always' is torchrun's behaviour; or your own policy "
-        "(env ELASTIC_DIAG_RESTART_POLICY).",
-    )
-    group.add_argument(
-        "--diag-verify",
-        action="append",
-        default=None,
-        metavar="CONTROL",
-        help="A verification control to pass before a restart (repeatable): collective, checkpoint, disk, "
-        "signature, or a shell command that must exit 0 (default: collective, plus checkpoint and disk with "
-        "--diag-checkpoint-dir).",
-    )
-    group.add_argument(
-        "--diag-checkpoint-dir",
-        default=None,
-        help="Where the job writes its checkpoints: checked by the checkpoint and disk controls; its newest "
-        "entry is passed to the next attempt as ELASTIC_DIAG_RESUME_FROM.",
-    )
-    group.add_argument(
-        "--diag-verify-timeout", type=float, default=None, help="Deadline of each control in seconds (default 120)."
-    )
-    group.add_argument(
-        "--diag-verify-retries", type=int, default=None, help="Retries of a failing control, with backoff (default 2)."
-    )
-    group.add_argument(
-        "--diag-config",
-        default=None,
-        metavar="TOML",
-        help="A TOML file with a [tool.elastic_diag] table of these settings (default: ./pyproject.toml when it "
-        "has one; env ELASTIC_DIAG_CONFIG). The command line and the environment win.",
-    )
-    group.add_argument(
-        "--diag-tail-lines", type=int, default=None, help="Lines of each rank's stderr kept in the report (default 40)."
-    )
-    group.add_argument(
-        "--diag-requeue-exit-code",
-        default=None,
-        metavar="N",
-        help="Exit with N (1-255, e.g. 75) when the failure is retryable but no restart can mend it here (restarts "
-        "used up, the gate refused, a node lost), so Slurm's RequeueExit= or a retry loop requeues the job; a "
-        "deterministic failure exits 1 as torchrun does (env ELASTIC_DIAG_REQUEUE_EXIT_CODE).",
-    )
-    group.add_argument(
-        "--diag-termination-log",
-        default=None,
-        metavar="PATH|auto|off",
-        help="Write the verdict's one-paragraph summary (at most 4096 bytes) here when the run ends, for "
-        "`kubectl describe pod` ('auto', the default: /dev/termination-log when it exists; env "
-        "ELASTIC_DIAG_TERMINATION_LOG).",
-    )
-    group.add_argument("--no-diag", action="store_true", help="Run exactly as plain torchrun, with no diagnosis.")
-    group.add_argument("--version", action="version", version=f"torchrun-diag {__version__}")
-    return parser
 
 
 def _check_script(args: argparse.Namespace) -> None:
@@ -236,7 +131,7 @@ def run_diagnosed(args: argparse.Namespace, argv: Sequence[str] | None = None) -
     try:
         launch_agent(launch_config, cmd, list(cmd_args), session=session)
     except ChildFailedError as e:
-        report = session.finish("failed")
+        end = session.end("failed")
         _, root = e.get_first_failure()
         if root.error_file != "<N/A>" and os.path.isfile(root.error_file):
             try:
@@ -244,33 +139,27 @@ def run_diagnosed(args: argparse.Namespace, argv: Sequence[str] | None = None) -
             except Exception as copy_error:
                 session.internal_error("copying the root cause into the launcher's error file", copy_error)
         print(str(e), file=sys.stderr)
-        _print_summary(report, str(session.report_path))
-        code = session.exit_status({"refused": EXIT_RESTART_REFUSED, "verification_failed": EXIT_VERIFY_FAILED}
-                                   .get(session.gate_outcome or "", EXIT_FAILED))  # fmt: skip
-        if session.requeue is not None:
-            print(f"torchrun-diag: exit {code}: {'requeue: ' if session.requeue.requeue else 'no requeue: '}"
-                  f"{session.requeue.reason}", file=sys.stderr)  # fmt: skip
-        return code
+        return _announce(end, session)
     except SignalException as e:  # scancel, a time limit, preemption, an eviction, Ctrl-C
-        report = session.finish_stopped(e.sigval)
-        _print_summary(report, str(session.report_path))
+        end = session.end("stopped", signum=int(e.sigval))
         defer_stop_signals(exiting=True)  # a late repeat of the signal must not turn exit 143 into a kill
-        return EXIT_SIGNALLED + int(e.sigval)
+        return _announce(end, session)
     except BaseException as e:
-        from elastic_diag.core.classify import classify_launch_error
-
-        text = "".join(traceback.format_exception(e))
-        report = session.finish("failed", launch_diagnosis=classify_launch_error(text, context=session.launch_context))
-        _print_summary(report, str(session.report_path))
-        if session.exit_status(EXIT_FAILED) != EXIT_FAILED and session.requeue is not None:  # a rendezvous timeout
+        end = session.end("failed", launch_error="".join(traceback.format_exception(e)))
+        if end.exit_code != EXIT_FAILED:  # a rendezvous timeout that asks for a requeue
             traceback.print_exception(e)
-            print(f"torchrun-diag: exit {session.exit_status(EXIT_FAILED)}: requeue: {session.requeue.reason}",
-                  file=sys.stderr)  # fmt: skip
-            return session.exit_status(EXIT_FAILED)
+            return _announce(end, session)
+        _announce(end, session)
         raise
-    report = session.finish("succeeded")
-    _print_summary(report, str(session.report_path))
-    return EXIT_OK
+    return _announce(session.end("succeeded"), session)
+
+
+def _announce(end: RunEnd, session: DiagSession) -> int:
+    """The summary, then the requeue decision's line, on stderr; the exit status."""
+    _print_summary(end.report, str(session.report_path))
+    if end.requeue_line:
+        print(end.requeue_line, file=sys.stderr)
+    return end.exit_code
 
 
 def main(argv: Sequence[str] | None = None) -> int:

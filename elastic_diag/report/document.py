@@ -6,22 +6,20 @@ Pure functions from evidence and verdicts to JSON-ready dicts; writing is atomic
 
 from __future__ import annotations
 
-import json
-import os
-import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from elastic_diag import redaction
 from elastic_diag.core.evidence import AttemptEvidence, RankEvidence
 from elastic_diag.core.schema_ids import REPORT_SCHEMA
 from elastic_diag.core.stall import stall_to_json
 from elastic_diag.core.verdict import AttemptStatus, Diagnosis
 from elastic_diag.core.verification import JobFacts, render_diagnosis
+from elastic_diag.layout import read_json, write_json_atomic
 
 SCHEMA = REPORT_SCHEMA
+MAX_REPORT_BYTES = 256 << 20
 LAST_LINES = 20
 STACK_CHARS = 20_000
 
@@ -145,13 +143,11 @@ def build_report(
     }
 
 
-def write_text_atomic(path: Path, text: str) -> None:
-    """A temporary file, then ``os.replace``: a reader never sees half a file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")  # threads write reports too
-    tmp.write_text(redaction.current().text(text), encoding="utf-8")  # no secret of this process on disk
-    os.replace(tmp, path)
+def write_report(path: Path, report: dict[str, Any]) -> None:
+    """The one writer of report.json (the run's and each attempt's): atomic, this process's secrets masked."""
+    write_json_atomic(path, report)
 
 
-def write_json_atomic(path: Path, data: dict[str, Any]) -> None:
-    write_text_atomic(path, json.dumps(data, indent=2, default=str) + "\n")
+def read_report(path: Path) -> dict[str, Any] | None:
+    """A report.json as it is on disk now, for a writer that adds to it (None: missing or not an object)."""
+    return read_json(path, MAX_REPORT_BYTES)

@@ -28,8 +28,7 @@ from typing import Any
 
 from elastic_diag.core.stall import stall_from_json, stall_summary
 from elastic_diag.core.verdict import format_ranks
-from elastic_diag.layout import HTML_FILE, REPORT_FILE
-from elastic_diag.report.document import write_text_atomic
+from elastic_diag.layout import HTML_FILE, REPORT_FILE, write_atomic
 from elastic_diag.report.rank_story import Group, RankRow, group_rows, integer, num, rank_rows, text
 from elastic_diag.report.reading import load_report_dir
 from elastic_diag.report.timeline import ROLE_COLOURS, clip, failure_window, timeline_svg
@@ -455,5 +454,5 @@ def write_html(diag_dir: Path, report: dict[str, Any] | None = None) -> tuple[Pa
         report, problems = load_report_dir(diag_dir)
     text = render_html(report, problems, source=str(diag_dir / REPORT_FILE))
     path = diag_dir / HTML_FILE
-    write_text_atomic(path, text)
+    write_atomic(path, text)
     return path, problems

@@ -1,6 +1,6 @@
 """report.json read back for the page: a complete one, or whatever a killed or truncated run left (every
-complete field is kept, and what was cut is said), or none at all (then the offline analysis of the
-folder fills in the verdict). Never raises on a bad file: the problems are returned to be shown.
+complete field is kept, and what was cut is said), or none at all (then the newest attempt's evidence is
+judged again, as the live agent judges it). Never raises on a bad file: the problems are returned to be shown.
 """
 
 from __future__ import annotations
@@ -9,10 +9,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from elastic_diag.layout import REPORT_FILE
-from elastic_diag.report.document import SCHEMA
-
-MAX_REPORT_BYTES = 256 << 20
+from elastic_diag.layout import REPORT_FILE, attempt_dirs, is_attempt_dir, read_attempt
+from elastic_diag.report.document import MAX_REPORT_BYTES, SCHEMA
 
 
 def salvage_object(text: str) -> tuple[dict[str, Any], str | None]:
@@ -81,7 +79,7 @@ def _skip_ws(text: str, i: int) -> int:
 def load_report_dir(diag_dir: Path) -> tuple[dict[str, Any], list[str]]:
     """The report of a diag dir and the list of what is missing from it; never raises for bad content.
 
-    With no usable verdict in report.json, the offline analyzer reads the rank folders and its
+    With no usable verdict in report.json, the newest attempt's evidence folder is judged again and that
     verdict stands in (said in the list)."""
     problems: list[str] = []
     path = diag_dir / REPORT_FILE
@@ -119,40 +117,41 @@ def load_report_dir(diag_dir: Path) -> tuple[dict[str, Any], list[str]]:
     if report and report.get("schema") not in (None, SCHEMA):
         problems.append(f"{REPORT_FILE} has schema {report.get('schema')!r}; this version renders {SCHEMA!r}")
     if not isinstance(report.get("diagnosis"), dict) or not isinstance(report.get("ranks"), list):
-        report = _fill_from_analysis(diag_dir, report, problems)
+        report = _fill_from_evidence(diag_dir, report, problems)
     for key in ("status", "diagnosis", "ranks", "attempts"):
         if key not in report:
             problems.append(f"{REPORT_FILE} has no {key!r}")
     return report, problems
 
 
-def _fill_from_analysis(diag_dir: Path, report: dict[str, Any], problems: list[str]) -> dict[str, Any]:
-    from elastic_diag.offline.analyze import analyze_paths
+def _fill_from_evidence(diag_dir: Path, report: dict[str, Any], problems: list[str]) -> dict[str, Any]:
+    """The verdict and the ranks judged again from the newest attempt's evidence folder, as the live agent
+    judges it (:func:`~elastic_diag.layout.read_attempt`, then the core's rules), where report.json has none."""
+    from elastic_diag.core.classify import classify_attempt
+    from elastic_diag.core.verification import render_diagnosis
+    from elastic_diag.report.document import rank_entry
 
-    try:
-        analysis = analyze_paths([diag_dir])
-    except Exception as e:  # the page is still written with what there is
-        problems.append(f"the offline analyzer could not read {diag_dir}: {e!r}")
-        return report
-    data = analysis.to_json()
-    if not data["ranks"] and not data["files"]:
+    attempts = [d for d in attempt_dirs(diag_dir) if is_attempt_dir(d)]
+    if not attempts:
         problems.append(f"no rank evidence found in {diag_dir} either")
         return report
+    try:
+        read = read_attempt(attempts[-1])
+        diagnosis = classify_attempt(read.evidence)
+    except Exception as e:  # the page is still written with what there is
+        problems.append(f"the evidence in {attempts[-1]} could not be judged: {e!r}")
+        return report
+    problems.extend(f"{attempts[-1].name}: {p}" for p in read.problems)
     filled = dict(report)
     used = []
     if not isinstance(filled.get("diagnosis"), dict):
-        filled["diagnosis"] = data["diagnosis"]
+        filled["diagnosis"] = render_diagnosis(diagnosis.to_json(), None, live=False)
         used.append("the verdict")
     if not isinstance(filled.get("ranks"), list) or not filled["ranks"]:
-        filled["ranks"] = data["ranks"]
+        filled["ranks"] = [rank_entry(ev, diagnosis.roles.get(ev.rank, "unknown")) for ev in read.evidence.ranks]
         used.append("the ranks")
-    filled.setdefault(
-        "status", "failed" if data["diagnosis"].get("failure_class") not in ("healthy", None) else "unknown"
-    )
+    filled.setdefault("status", "failed" if diagnosis.failure_class not in ("healthy", None) else "unknown")
     filled.setdefault("diag_dir", str(diag_dir))
     if used:
-        problems.append(
-            f"{' and '.join(used)} reconstructed by `elastic-diag analyze` from the "
-            f"{len(data['files'])} file(s) in {diag_dir}"
-        )
+        problems.append(f"{' and '.join(used)} judged again from the evidence in {attempts[-1]}")
     return filled

@@ -11,22 +11,34 @@ import contextlib
 import logging
 import signal
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from elastic_diag.config import DiagConfig, host_name
+from elastic_diag.config import ENV_REQUEUE_EXIT_CODE, DiagConfig, host_name
 from elastic_diag.core.evidence import AttemptEvidence
 from elastic_diag.core.findings import retryable_own_failure
 from elastic_diag.core.requeue import RequeueDecision, requeue_decision
 from elastic_diag.core.taxonomy import load_taxonomy
 from elastic_diag.core.verdict import AttemptStatus, Diagnosis, RunStatus, stopped_from_outside
 from elastic_diag.core.verification import JobFacts
+from elastic_diag.errors import EXIT_FAILED, EXIT_OK, EXIT_RESTART_REFUSED, EXIT_SIGNALLED, EXIT_VERIFY_FAILED
 from elastic_diag.layout import PROGRESS_FILE, REPORT_FILE, attempt_dir_name, latest_checkpoint, read_progress
-from elastic_diag.report.document import AttemptRecord, build_report, write_json_atomic
+from elastic_diag.report.document import AttemptRecord, build_report, write_report
 from elastic_diag.report.termination import termination_message, write_termination_message
 
 logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class RunEnd:
+    """The end of a run: its report as written, the launcher's exit status, and the requeue decision's line for
+    the terminal (None when no requeue exit code was set)."""
+
+    report: dict[str, Any]
+    exit_code: int
+    requeue_line: str | None = None
 
 
 class DiagSession:
@@ -148,6 +160,32 @@ class DiagSession:
                                          grace_s=grace)  # fmt: skip
         return self.finish("stopped", launch_diagnosis=diagnosis)
 
+    def end(self, status: RunStatus, *, signum: int | None = None, launch_error: str | None = None) -> RunEnd:
+        """The end of the run, the same however it was launched (torchrun-diag, plain torchrun with the switch,
+        the Python API): the report and the termination message written, and the exit status: 0; after a
+        stop from outside, 128 + the signal; after a failure, the requeue code where it asks for a requeue,
+        else the gate's (restart refused, verification failed), else 1. ``launch_error``: the text of an
+        error raised outside the workers (a rendezvous that timed out, a port in use): it is the verdict."""
+        if status == "stopped":
+            sig = signum if signum is not None else signal.SIGTERM
+            return RunEnd(self.finish_stopped(sig), EXIT_SIGNALLED + int(sig))
+        diagnosis = None
+        if launch_error is not None:
+            from elastic_diag.core.classify import classify_launch_error
+
+            diagnosis = classify_launch_error(launch_error, context=self.launch_context)
+        report = self.finish(status, launch_diagnosis=diagnosis)
+        if status == "succeeded":
+            return RunEnd(report, EXIT_OK)
+        gate = {"refused": EXIT_RESTART_REFUSED, "verification_failed": EXIT_VERIFY_FAILED}
+        code = self.exit_status(gate.get(self.gate_outcome or "", EXIT_FAILED))
+        line = None
+        if self.requeue is not None:
+            reason = self.requeue.reason
+            line = (f"elastic_diag: exit {code} ({ENV_REQUEUE_EXIT_CODE}): {reason}" if self.requeue.requeue
+                    else f"elastic_diag: exit {code}: no requeue: {reason}")  # fmt: skip
+        return RunEnd(report, code, line)
+
     def finish(self, status: RunStatus, launch_diagnosis: Diagnosis | None = None) -> dict[str, Any]:
         """The run's end: the report (and the requeue decision, when a requeue exit code is set), then
         the container's termination message."""
@@ -231,6 +269,6 @@ class DiagSession:
 
     def _write(self, path: Path, data: dict[str, Any]) -> None:
         try:
-            write_json_atomic(path, data)
+            write_report(path, data)
         except Exception as e:  # the job comes first
             logger.error("elastic_diag: could not write %s: %r", path, e)

@@ -29,13 +29,13 @@ from __future__ import annotations
 import atexit
 import contextlib
 import faulthandler
-import json
 import os
 import signal
 import sys
 import threading
 import time
 import traceback
+from pathlib import Path
 from types import TracebackType
 from typing import IO, Any
 
@@ -47,6 +47,7 @@ from elastic_diag.layout import (
     STACKS_FILE,
     THREAD_EXCEPTION_FILE,
     WORKER_FILE,
+    write_json_atomic,
 )
 from elastic_diag.worker import beacon
 
@@ -68,10 +69,7 @@ def exception_type_name(etype: type[BaseException]) -> str:
 
 
 def _write_json(path: str, data: dict[str, Any]) -> None:
-    tmp = f"{path}.tmp{os.getpid()}"
-    with open(tmp, "w") as fp:
-        json.dump(redaction.current().data(data), fp)  # a token in argv or a message never reaches the disk
-    os.replace(tmp, path)
+    write_json_atomic(Path(path), data, indent=None)  # masked: a token in argv or a message never reaches the disk
 
 
 def _now() -> float:

@@ -12,6 +12,7 @@ from typing import Any
 
 import jsonschema
 import pytest
+from helpers import FIXTURES
 
 from elastic_diag.core import merge as nodes
 from elastic_diag.core.evidence import AttemptEvidence, ErrorLine, RankEvidence
@@ -25,7 +26,6 @@ from elastic_diag.offline.analyze import analyze_paths
 from elastic_diag.report.document import AttemptRecord, build_report
 from elastic_diag.report.schema import SCHEMA_FILES, load_schema, validate
 
-FIXTURES = Path(__file__).parent / "fixtures"
 REPORTS = sorted(FIXTURES.rglob("report.json"))
 CASES = sorted(p for group in ("logs", "runs", "fr", "reports") for p in (FIXTURES / group).iterdir() if p.is_dir())
 
@@ -61,8 +61,33 @@ def test_each_schema_is_valid_and_pins_its_id(schema_id):
     assert described and all(o.get("additionalProperties") is True for o in described)
 
 
-def test_the_schemas_are_shipped_for_the_three_documents():
-    assert set(SCHEMA_FILES) == {REPORT_SCHEMA, ANALYSIS_SCHEMA, NODE_RECORD_SCHEMA}
+@pytest.mark.parametrize(
+    ("schema_id", "path", "bad"),
+    [
+        (REPORT_SCHEMA, ("diagnosis", "failure_class"), "exploded"),  # not a class of the vocabulary
+        (REPORT_SCHEMA, ("status",), "maybe"),
+        (ANALYSIS_SCHEMA, ("diagnosis", "initiating_rank"), "two"),  # a rank is an integer or null
+        (NODE_RECORD_SCHEMA, ("ranks",), "not a list"),
+    ],
+)  # fmt: skip
+def test_each_shipped_schema_rejects_a_document_that_breaks_it(schema_id, path, bad):
+    """The schemas are loaded from the installed package (its data files) and really constrain: a document
+    the code writes validates, the same document with one field broken does not."""
+    documents = {REPORT_SCHEMA: REPORTS[0], ANALYSIS_SCHEMA: None, NODE_RECORD_SCHEMA: None}
+    if schema_id == REPORT_SCHEMA:
+        doc = json.loads(documents[schema_id].read_text())
+    elif schema_id == ANALYSIS_SCHEMA:
+        doc = json.loads(json.dumps(analyze_paths([CASES[0]]).to_json()))
+    else:
+        doc = nodes.record_of(_oom_node(), node="host-0", group_rank=0, offset=0.0)
+    validate(doc)
+    target = doc
+    for key in path[:-1]:
+        target = target[key]
+    target[path[-1]] = bad
+    with pytest.raises(jsonschema.ValidationError):
+        validate(doc)
+    assert sorted(SCHEMA_FILES) == sorted((REPORT_SCHEMA, ANALYSIS_SCHEMA, NODE_RECORD_SCHEMA))
 
 
 def test_enums_follow_the_code():

@@ -6,6 +6,7 @@ tests show the order: a rank's own failure beats every inference."""
 from __future__ import annotations
 
 import pytest
+from helpers import ROOT
 
 from elastic_diag.core.attribution import RULES
 from elastic_diag.core.classify import classify_attempt
@@ -62,12 +63,11 @@ def test_every_decision_is_named_documented_and_the_page_is_current():
     docstring (tools/attribution_doc.py): every step, vote, rule, refinement and suspect has a name of its own
     and a docstring, and the page is what the generator writes today."""
     import sys
-    from pathlib import Path
 
     from elastic_diag.core.attribution import REFINEMENTS, STEPS, VOTES
     from elastic_diag.core.suspects import SUSPECTS
 
-    root = Path(__file__).resolve().parents[1]
+    root = ROOT
     names = [fn.__name__ for group in (STEPS, VOTES, RULES, REFINEMENTS, SUSPECTS) for fn in group]
     assert len(set(names)) == len(names)
     assert RULES[-1].__name__ == "no_rank_named"

@@ -7,6 +7,7 @@ import pickle
 from pathlib import Path
 
 import pytest
+from helpers import FIXTURES
 
 from elastic_diag.core.classify import straggler_warnings
 from elastic_diag.core.evidence import AttemptEvidence, RankEvidence
@@ -91,7 +92,7 @@ def test_dumps_in_every_format_and_broken_ones(tmp_path: Path):
     assert list(rec.groups["default_pg"]) == [1]
 
 
-FIXTURES = Path(__file__).parent / "fixtures" / "fr"
+FR_FIXTURES = FIXTURES / "fr"
 
 
 @pytest.mark.parametrize(
@@ -106,14 +107,14 @@ def test_analyze_reads_a_folder_of_flight_recorder_dumps(case, cls, rank):
     """Dumps taken by elastic_diag on real 4-rank gloo runs (skip-collective: rank 1 aborted and left none)."""
     from elastic_diag.offline.analyze import analyze_paths
 
-    a = analyze_paths([FIXTURES / case])
+    a = analyze_paths([FR_FIXTURES / case])
     assert (a.diagnosis.failure_class, a.diagnosis.initiating_rank) == (cls, rank), a.diagnosis.summary
 
 
 def test_analyze_reads_torch_pickle_dumps_and_reports_broken_ones(tmp_path: Path):
     from elastic_diag.offline.analyze import analyze_paths
 
-    for src in sorted((FIXTURES / "deadlock").glob("*.json")):
+    for src in sorted((FR_FIXTURES / "deadlock").glob("*.json")):
         trace = json.loads(src.read_text())["trace"]
         for e in trace["entries"]:
             e["process_group"] = tuple(e["process_group"])

@@ -11,12 +11,12 @@ import select
 import subprocess
 import sys
 import time
-from pathlib import Path
+
+from helpers import FIXTURES
 
 from elastic_diag.report.summary import format_summary, print_summary
 from elastic_diag.report.terminal import Paint, Progress, is_tty, table, wants_colour
 
-FIXTURES = Path(__file__).parent / "fixtures"
 REPORT = json.loads((FIXTURES / "reports" / "desync" / "report.json").read_text())
 LOGS = FIXTURES / "logs" / "52_slurm_keyerror_rank3_collateral_timeouts"
 

@@ -10,16 +10,15 @@ import struct
 import subprocess
 import tempfile
 import zlib
-from pathlib import Path
 
 import pytest
+from helpers import FIXTURES, ROOT
 
 from elastic_diag.report.html import write_html
 from elastic_diag.report.timeline import ROLE_COLOURS
 
-ROOT = Path(__file__).resolve().parents[1]
 ARTIFACTS = ROOT / "test-artifacts"
-FIXTURE = Path(__file__).parent / "fixtures" / "reports" / "desync"
+FIXTURE = FIXTURES / "reports" / "desync"
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 # Off the network, no background services: the machine's closed network would refuse their
 # connections; an unreachable address makes any fetch the page tried fail loudly instead.

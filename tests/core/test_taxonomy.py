@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from helpers import ROOT
 
 from elastic_diag.core.taxonomy import FAILURE_CLASSES, load_taxonomy, parse_signatures
 from elastic_diag.errors import TaxonomyError
@@ -69,11 +70,10 @@ def test_malformed_data_is_named(text, message):
 def test_signature_docs_are_not_stale():
     """docs/signatures/ is generated from the data: regenerate with
     `elastic-diag signatures --write-docs docs/signatures` after editing a TOML file."""
-    from pathlib import Path
 
     from elastic_diag.report.signature_docs import expected_pages
 
-    folder = Path(__file__).resolve().parents[1] / "docs" / "signatures"
+    folder = ROOT / "docs" / "signatures"
     pages = expected_pages()
     on_disk = {p.name: p.read_text(encoding="utf-8") for p in folder.glob("*.md")}
     assert set(on_disk) == set(pages), "pages added or removed: regenerate docs/signatures"
