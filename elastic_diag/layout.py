@@ -90,6 +90,7 @@ ROOT_CAUSE_FILE = "root_cause.json"
 STALL_FILE = "stall.json"
 LAUNCHER_FILE = "launcher.json"  # rank_R/: what the launcher saw of the rank (its exit, the verdict's time)
 LAUNCHER_SCHEMA = "elastic_diag.launcher/1"
+_REPORT_SCHEMA = "elastic_diag.report/1"  # core/schema_ids.py's; layout reads an older report's facts
 STALL_MAX_BYTES = 1 << 20
 STALL_FR_MAX_BYTES = 8 << 20  # a stall keeps a copy of each rank's flight recorder up to this size
 ENVIRONMENT_FILE = (
@@ -479,7 +480,8 @@ def _launcher_facts(
         return attempt, ranks
     report = read_json(attempt_dir / REPORT_FILE, LAUNCHER_MAX_BYTES)
     if report is not None and isinstance(report.get("ranks"), list):
-        problems.append(f"no {LAUNCHER_FILE} (an earlier version's folder): the exits come from its {REPORT_FILE}")
+        problems.append(f"no {LAUNCHER_FILE} (an earlier version's folder): the exits come from its {REPORT_FILE}"
+                        + (f" (schema {report.get('schema')!r})" if report.get("schema") != _REPORT_SCHEMA else ""))
         facts = report_rank_facts(report)
         return {"node": report.get("node"), "run_id": report.get("run_id")}, {r: facts[r] for r in facts}
     if folders:

@@ -9,8 +9,9 @@ after it, three ways, and each compared with report.json's verdict:
 
 A comparison is ``same`` (same initiating rank, same class), ``weaker`` (a weakening: the same rank with
 another class; or no rank, with the live culprit among the ranks the offline verdict leaves suspected: its
-``suspected_rank``, or a rank it gives no role that clears it, neither ``collateral`` nor ``healthy`` nor
-``stopped``), ``differs`` (another rank; or no rank, the live culprit cleared), ``healthy_on_failure`` (the
+``suspected_rank``, or any rank it does not clear: a rank that exited 0 is cleared, one that failed or only
+waited may still be the one that began it), ``differs`` (another rank; or no rank, the live culprit cleared),
+``healthy_on_failure`` (the
 run failed and offline says healthy) or ``error`` (the analyzer raised). A run that succeeded should be
 ``healthy`` offline (``same``), anything else ``differs``.
 
@@ -52,7 +53,9 @@ MODE_VARIABLE = "ELASTIC_DIAG_PARITY"  # enforce (default), record, off
 WAYS = ("console", "rank_folders", "diag_dir")
 OUTCOMES = ("same", "weaker", "differs", "healthy_on_failure", "error")
 FAILING = frozenset({"differs", "healthy_on_failure", "error"})
-CLEARED = frozenset({"collateral", "healthy", "stopped"})  # roles that say a rank did not begin the failure
+# the role that clears a rank of having begun the failure: it exited 0. A rank that failed or waited may still be
+# the one that began it (a rank that reached the collective late times out in it like its peers)
+CLEARED = frozenset({"healthy"})
 
 # Why a way shows less than the live verdict, by the way and a key (a test's node id, "script --inject
 # VALUE" or a script's name). A documented run's weakening is recorded with the reason and does not fail

@@ -26,11 +26,11 @@ FAULTS = load_example("faults")
 TABLES = injection_tables()
 
 # (script, inject) -> the test that runs it (3 ranks, culprit rank 2, more assertions)
-MATRIX = "test_launcher_matrix.py::test_fault_matrix_names_the_culprit"
-HANGS = "test_health.py::test_hang_outside_collectives_is_detected_before_the_collective_timeout"
-SCHEDULES = "test_health.py::test_a_rank_that_leaves_the_collective_schedule_is_named"
+MATRIX = "launch/test_launcher_matrix.py::test_fault_matrix_names_the_culprit"
+HANGS = "agent/test_health.py::test_hang_outside_collectives_is_detected_before_the_collective_timeout"
+SCHEDULES = "agent/test_health.py::test_a_rank_that_leaves_the_collective_schedule_is_named"
 RUN_ELSEWHERE = {
-    ("train_ddp.py", "none"): "test_launcher_matrix.py::test_healthy_run_raises_no_alarm",
+    ("train_ddp.py", "none"): "launch/test_launcher_matrix.py::test_healthy_run_raises_no_alarm",
     ("train_ddp.py", "exception"): MATRIX,
     ("train_ddp.py", "exception-after-cleanup"): MATRIX,
     ("train_ddp.py", "segfault"): MATRIX,
@@ -38,19 +38,19 @@ RUN_ELSEWHERE = {
     ("train_ddp.py", "exit"): MATRIX,
     ("train_ddp.py", "memoryerror"): MATRIX,
     ("train_ddp.py", "hang"): MATRIX,
-    ("train_ddp.py", "transient"): "test_gate.py::test_transient_failure_is_verified_then_restarted",
+    ("train_ddp.py", "transient"): "gate/test_gate.py::test_transient_failure_is_verified_then_restarted",
     ("train_ddp.py", "deadlock"): HANGS,
     ("train_ddp.py", "infinite-loop"): HANGS,
     ("train_ddp.py", "regex-hang"):
-        "test_health.py::test_a_rank_holding_the_gil_is_dumped_by_signal_and_the_missing_evidence_is_reported",
+        "agent/test_health.py::test_a_rank_holding_the_gil_is_dumped_by_signal_and_the_missing_evidence_is_reported",
     ("train_ddp.py", "skip-collective"): SCHEDULES,
     ("train_ddp.py", "extra-collective"): SCHEDULES,
     ("train_ddp.py", "unused-layer"): SCHEDULES,
-    ("train_ddp.py", "shape-mismatch"): "test_health.py::test_shape_mismatch_names_the_rank_and_both_sides",
-    ("train_ddp.py", "straggler"): "test_health.py::test_a_straggler_is_a_warning_not_a_hang",
+    ("train_ddp.py", "shape-mismatch"): "agent/test_health.py::test_shape_mismatch_names_the_rank_and_both_sides",
+    ("train_ddp.py", "straggler"): "agent/test_health.py::test_a_straggler_is_a_warning_not_a_hang",
     ("train_ddp.py", "slow-first-step"):
-        "test_health.py::test_a_slow_first_step_raises_nothing_with_the_automatic_threshold",
-    ("train_fsdp2.py", "nan"): "test_health.py::test_fsdp2_nan_names_the_rank_whose_loss_went_non_finite_first",
+        "agent/test_health.py::test_a_slow_first_step_raises_nothing_with_the_automatic_threshold",
+    ("train_fsdp2.py", "nan"): "agent/test_health.py::test_fsdp2_nan_names_the_rank_whose_loss_went_non_finite_first",
 }  # fmt: skip
 
 # FSDP2's point failures (an exception, a signal, ...) are the same faults.inject_now call as DDP's,
@@ -100,7 +100,9 @@ CULPRIT_LINE = {
 VERIFIED_BY = {
     **{inject: "test_examples.py::test_example_injection_gives_its_class" for _, inject, *_ in HERE},
     **{inject: MATRIX for inject in ("segfault", "sigkill", "exit", "memoryerror")},
-    "exception-after-cleanup": "test_rendezvous.py::test_the_switch_under_torchrun_standalone_gives_the_same_verdict",
+    "exception-after-cleanup": (
+        "launch/test_rendezvous.py::test_the_switch_under_torchrun_standalone_gives_the_same_verdict"
+    ),
     "transient": RUN_ELSEWHERE[("train_ddp.py", "transient")],
     "deadlock": HANGS, "infinite-loop": HANGS, "unused-layer": SCHEDULES,
     "regex-hang": RUN_ELSEWHERE[("train_ddp.py", "regex-hang")],

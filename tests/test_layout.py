@@ -7,6 +7,9 @@ import json
 import pickle
 import resource
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from elastic_diag.layout import (
     ERROR_FILE,
     EXCEPTION_FILE,
@@ -182,3 +185,30 @@ def test_write_atomic_masks_secrets_and_leaves_no_temporary_file(tmp_path, monke
     assert "s3cr3t" not in (tmp_path / "a.json").read_text()
     assert (tmp_path / "b.bin").read_bytes() == b"\x00s3cr3t-value-123"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a.json", "b.bin"]
+
+
+_FILES = ("launcher.json", "exception.json", "error.json", "thread_exception.json", "progress.json", "worker.json",
+          "first_error.json", "nonfinite.json", "fr_trace.json", "stacks.txt", "stderr.log")  # fmt: skip
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.dictionaries(st.sampled_from(_FILES), st.one_of(
+    st.binary(max_size=300),
+    st.recursive(st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=30),
+                 lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=10), inner, max_size=4),
+                 max_leaves=20).map(lambda v: json.dumps(v).encode()),
+), max_size=len(_FILES)))  # fmt: skip
+def test_read_attempt_and_the_verdict_never_raise_on_what_a_folder_holds(tmp_path_factory, files):
+    """Whatever a rank folder holds (garbled, foreign, cut), the folder is read, judged, and what was
+    unreadable is said: never a traceback."""
+    from elastic_diag.core.classify import classify_attempt
+    from elastic_diag.layout import read_attempt
+
+    attempt = tmp_path_factory.mktemp("fuzz") / "attempt_0"
+    for r in range(2):
+        (attempt / f"rank_{r}").mkdir(parents=True)
+    for name, data in files.items():
+        (attempt / "rank_1" / name).write_bytes(data)
+    read = read_attempt(attempt)
+    assert {ev.rank for ev in read.evidence.ranks} == {0, 1}
+    assert classify_attempt(read.evidence).failure_class

@@ -1,6 +1,6 @@
 """Rewrites the table of tests/fixtures/logs/README.md from every fixture's expected.json.
 
-python tools/fixture_table.py          # tests/test_analyze.py checks the table is current
+python tools/fixture_table.py          # tests/offline/test_analyze.py checks the table is current
 """
 
 from __future__ import annotations

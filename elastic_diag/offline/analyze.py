@@ -237,7 +237,9 @@ class Analyzer:
             return
         if path.name == REPORT_FILE:  # a report sent alone: the facts it recorded of each rank, not its verdict
             read = read_report(path, self.taxonomy)
-            if read is not None:
+            if read is None:
+                self.facts.skipped.append(f"{path}: not a report.json this version reads (no report schema), skipped")
+            else:
                 self.folders.append(read.evidence)
                 self.facts.files.append(str(path))
                 self.problems.extend(read.problems)

@@ -89,7 +89,7 @@ class LineFinder:
     With Hyperscan installed (a dependency on Linux x86_64/aarch64) all anchors are found in one
     vectorised pass, 1.2 GB/s on one core here against 460 MB/s for GNU grep's ``-E`` alternation of
     the same strings (docs/benchmarks.md); else one ``bytes.find`` pass per anchor. Both give the same
-    lines (tests/test_analyze.py)."""
+    lines (tests/offline/test_analyze.py)."""
 
     def __init__(self, anchors: tuple[bytes, ...], *, use_hyperscan: bool = True) -> None:
         self.anchors = anchors

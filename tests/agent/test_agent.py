@@ -1,6 +1,6 @@
 """DiagAgent's own helpers, without an agent: the verdict from torch's failure list when no evidence
 folder could be laid out, and what a rendezvous that timed out knew. (DiagAgent itself runs in every
-live test: tests/test_launcher_matrix.py, tests/test_cluster.py, tests/test_gate.py.)"""
+live test: tests/launch/test_launcher_matrix.py, tests/agent/test_cluster.py, tests/gate/test_gate.py.)"""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """An OOM kill is proven by the kernel, never guessed (issue 16): a rank moves itself into a memory
 cgroup the test made with a low limit and allocates until the kernel's OOM killer SIGKILLs it. The
 report says host_oom with the kernel's own line and the cgroup's limit. A plain kill -9 stays
-`killed` and says what was looked at (tests/test_launcher_matrix.py, the sigkill case)."""
+`killed` and says what was looked at (tests/launch/test_launcher_matrix.py, the sigkill case)."""
 
 from __future__ import annotations
 

@@ -368,7 +368,7 @@ def test_missing_from_collective():
     assert (d.initiating_rank, d.rule) == (2, "missing_from_collective")
 
 
-# --- named_by_peers (tests/test_classify.py: monitoredBarrier, NCCL's desync report), hang_alarm,
+# --- named_by_peers (tests/core/test_classify.py: monitoredBarrier, NCCL's desync report), hang_alarm,
 # alive_outside_collective, odd_location, the last resorts ----------------
 
 

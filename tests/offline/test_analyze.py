@@ -380,3 +380,42 @@ def test_gzipped_logs_are_read_and_other_archives_are_listed(tmp_path):
     a = analyze_paths([tmp_path])
     assert any("rank_9.log.zst: compressed" in s for s in a.skipped)
     assert any("job.3.out.gz" in s for s in a.skipped) or 3 in a.ranks
+
+
+# --- evidence folders: read as the live agent reads them ---------------------------------------------
+
+
+def test_a_diag_dir_half_written_gives_a_verdict_and_says_what_is_missing(tmp_path):
+    """A run killed mid-write, a copy missing files, a report from another version: a verdict from what is
+    there, the list of what could not be read, no traceback."""
+    run = tmp_path / "run"
+    shutil.copytree(RUNS / "diag_sigkill", run)
+    (run / "report.json").write_text('{"schema": "elastic_diag.report/7", "status": "fail')  # cut, another version
+    (run / "attempt_0" / "report.json").write_text(json.dumps({"schema": "elastic_diag.report/7", "ranks": [
+        {"rank": 2, "exit_code": -9, "role": "weird"}, {"rank": 0, "exit_code": 1}, {"rank": "x"}]}))  # fmt: skip
+    (run / "attempt_0" / "rank_1" / "exception.json").write_text("{garbled")
+    (run / "attempt_0" / "rank_3" / "stderr.log").write_bytes(bytes(range(256)) * 100)
+    (run / "attempt_0" / "rank_0" / "fr_trace.json").write_text('{"version": "2.10", "entries": [')
+    a = analyze_paths([run])
+    assert (a.diagnosis.initiating_rank, a.diagnosis.failure_class) == (2, "killed"), a.diagnosis.summary
+    said = " ".join(a.skipped)
+    assert "schema 'elastic_diag.report/7'" in said and "rank 0: not a usable flight-recorder dump" in said, said
+    out = subprocess.run([sys.executable, "-m", "elastic_diag.cli", "analyze", str(run)], capture_output=True,
+                         text=True, timeout=60, cwd=ROOT)  # fmt: skip
+    assert out.returncode == 1 and "Traceback" not in out.stderr, out.stderr
+
+
+def test_the_diag_dir_alone_and_without_its_reports_give_the_same_verdict():
+    """report.json is the live verdict, never evidence: the rank folders alone give the same one."""
+    import tempfile
+
+    for case in ("diag_hang", "diag_segfault", "diag_sigkill"):
+        with tempfile.TemporaryDirectory() as tmp:
+            copy = Path(tmp) / case
+            shutil.copytree(RUNS / case, copy)
+            for written in copy.rglob("report.*"):
+                if written.parent != copy / "attempt_0":  # an earlier version's folder keeps its exits there
+                    written.unlink()
+            alone = analyze_paths([copy]).diagnosis
+        whole = analyze_paths([RUNS / case]).diagnosis
+        assert (alone.initiating_rank, alone.failure_class) == (whole.initiating_rank, whole.failure_class), case
