@@ -480,8 +480,10 @@ def _launcher_facts(
         return attempt, ranks
     report = read_json(attempt_dir / REPORT_FILE, LAUNCHER_MAX_BYTES)
     if report is not None and isinstance(report.get("ranks"), list):
-        problems.append(f"no {LAUNCHER_FILE} (an earlier version's folder): the exits come from its {REPORT_FILE}"
-                        + (f" (schema {report.get('schema')!r})" if report.get("schema") != _REPORT_SCHEMA else ""))
+        problems.append(
+            f"no {LAUNCHER_FILE} (an earlier version's folder): the exits come from its {REPORT_FILE}"
+            + (f" (schema {report.get('schema')!r})" if report.get("schema") != _REPORT_SCHEMA else "")
+        )
         facts = report_rank_facts(report)
         return {"node": report.get("node"), "run_id": report.get("run_id")}, {r: facts[r] for r in facts}
     if folders:

@@ -70,7 +70,12 @@ def judge(
     """The verdict on one attempt: the steps, the votes, the first rule that decides, the refinements, the
     suspect. ``extra_votes``: (rank, signature, explanation) of checks a caller made across ranks."""
     tax = taxonomy or load_taxonomy()
-    evidence = settle(evidence, tax)
+    return judge_settled(settle(evidence, tax), tax, extra_votes)
+
+
+def judge_settled(evidence: AttemptEvidence, taxonomy: Taxonomy, extra_votes: list[Vote] | None = None) -> Diagnosis:
+    """:func:`judge` of evidence the steps have completed already (:func:`settle`)."""
+    tax = taxonomy
     votes = [vote for check in VOTES for vote in check(evidence, tax)] + list(extra_votes or ())
     ctx = build_context(evidence, tax, votes)
     verdict = attribute(ctx)
@@ -95,10 +100,9 @@ def named_in_unranked_lines(evidence: AttemptEvidence, taxonomy: Taxonomy) -> li
     report pasted without its prefixes): the same votes a rank's own line naming them gives."""
     votes: list[Vote] = []
     for line in evidence.unranked:
-        for sig, m in taxonomy.match_line(line.text):
-            peers = m.groupdict().get("peers")
-            if peers and not sig.wraps:
-                votes.extend((int(p), sig, line.text) for p in peers.replace(" ", "").split(",") if p.isdigit())
+        for sig, ranks in taxonomy.named_ranks(line.text, line.signature):
+            if not sig.wraps:
+                votes.extend((rank, sig, line.text) for rank in ranks)
     return votes
 
 
@@ -582,4 +586,16 @@ RULES: tuple[Rule, ...] = (
 )
 REFINEMENTS: tuple[Refinement, ...] = (stuck_together, detail_fingerprints)
 
-__all__ = ["REFINEMENTS", "RULES", "STEPS", "VOTES", "Context", "Rule", "attribute", "build_context", "judge", "settle"]
+__all__ = [
+    "REFINEMENTS",
+    "RULES",
+    "STEPS",
+    "VOTES",
+    "Context",
+    "Rule",
+    "attribute",
+    "build_context",
+    "judge",
+    "judge_settled",
+    "settle",
+]

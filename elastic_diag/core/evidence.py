@@ -236,15 +236,19 @@ class RankEvidence:
 
     def texts(self) -> list[str]:
         """Every line of its that a rule may match against the taxonomy: the kernel's proof of an OOM kill,
-        its exception's last line, the error lines it printed, its streams' tails."""
+        its exception's last line, the error lines it printed. A front-end keeps every line of the rank's output
+        that matches a signature in ``lines`` (of a live rank, those of its streams' tails); a record with none
+        (built by hand, another node's, an earlier version's) has its tails matched instead."""
         out: list[str] = []
         if self.kernel is not None and self.kernel.proven and self.kernel.line:
             out.append(self.kernel.line)
         if self.exception is not None:
             out.append(self.exception.last_line)
-        out.extend(line.text for line in self.lines)
-        out.extend(self.stderr_tail)
-        out.extend(self.stdout_tail)
+        if self.lines:
+            out.extend(line.text for line in self.lines)
+        else:
+            out.extend(self.stderr_tail)
+            out.extend(self.stdout_tail)
         return out
 
 

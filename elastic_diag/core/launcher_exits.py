@@ -127,10 +127,9 @@ def named_ranks_exist(evidence: AttemptEvidence, taxonomy: Taxonomy) -> AttemptE
     nothing, or its output is not in these logs) is among the ranks, so that the peers' lines can name it."""
     named: set[int] = set()
     for line in [*evidence.unranked, *(line for ev in evidence.ranks for line in ev.lines)]:
-        for sig, m in taxonomy.match_line(line.text):
-            peers = m.groupdict().get("peers")
-            if peers and not sig.wraps:
-                named.update(int(p) for p in peers.replace(" ", "").split(",") if p.isdigit())
+        for sig, peers in taxonomy.named_ranks(line.text, line.signature):
+            if not sig.wraps:
+                named.update(peers)
     ranks = {ev.rank: ev for ev in evidence.ranks}
     missing = named - set(ranks)
     if not missing:

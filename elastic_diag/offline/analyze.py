@@ -20,8 +20,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from elastic_diag.core.attribution import settle
-from elastic_diag.core.classify import classify_attempt
+from elastic_diag.core.attribution import judge_settled, settle
 from elastic_diag.core.error_lines import HOOK_FAILED
 from elastic_diag.core.evidence import AttemptEvidence, LogLine
 from elastic_diag.core.exceptions import ExceptionRecord
@@ -128,7 +127,7 @@ class Analyzer:
         """The verdict on what was read, and the lines of the log around its decisive line."""
         self.facts.summary_failures = self.summary.finish()
         evidence = settle(combined(self.folders, self.facts.evidence()), self.taxonomy)
-        diagnosis = classify_attempt(evidence, self.taxonomy)
+        diagnosis = judge_settled(evidence, self.taxonomy)
         seen = diagnosis.failure_class != "healthy" and (
             diagnosis.failure_class != "unknown"
             or bool(evidence.failure_lines)
@@ -443,6 +442,8 @@ class Analyzer:
         """torchrun-diag's own summary at the end of a run it printed (a console pasted whole): its verdict is
         not evidence and is skipped, from "elastic_diag: job ..." to its "evidence: ... (report: ...; page: ...)"
         line; only that the job succeeded counts, as the launcher's word that every rank exited 0."""
+        if not self._in_own_summary and not text.startswith("elastic_diag: job "):
+            return False
         if _OWN_SUMMARY.match(text):
             self._in_own_summary = True
             if text.startswith("elastic_diag: job succeeded"):

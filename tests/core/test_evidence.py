@@ -50,7 +50,9 @@ def test_its_lines_for_the_rules():
     oom = KernelEvidence(proven=True, line="Out of memory: Killed process 7")
     ev = rank(exception=ExceptionRecord("ValueError", "x", ""), lines=(LogLine(text="NCCL WARN boom"),),
               stderr_tail=("tail",), kernel=oom)  # fmt: skip
-    assert ev.texts() == ["Out of memory: Killed process 7", "ValueError: x", "NCCL WARN boom", "tail"]
+    assert ev.texts() == ["Out of memory: Killed process 7", "ValueError: x", "NCCL WARN boom"]
+    # a record with no lines of the front-end's (another node's, one built by hand): its tails
+    assert rank(stderr_tail=("err",), stdout_tail=("out",)).texts() == ["err", "out"]
 
 
 def test_an_attempt_knows_when_its_failure_began_and_the_stall_it_came_out_of():

@@ -158,6 +158,7 @@ class Taxonomy:
     # literal -> positions of the signatures that need it; positions of those with no literal
     _by_literal: tuple[tuple[str, tuple[int, ...]], ...] = field(default=(), repr=False, compare=False)
     _unfiltered: frozenset[int] = field(default=frozenset(), repr=False, compare=False)
+    _by_id_map: dict[str, Signature] = field(default_factory=dict, repr=False, compare=False, hash=False)
     # identical lines are common across ranks ("Fatal Python error: Aborted", tracebacks): matched once
     _memo: dict[str, list[tuple[Signature, re.Match[str]]]] = field(
         default_factory=dict, repr=False, compare=False, hash=False
@@ -177,6 +178,7 @@ class Taxonomy:
             if s.id in seen:
                 raise TaxonomyError(f"duplicate signature id {s.id!r}")
             seen.add(s.id)
+            self._by_id_map[s.id] = s
         for s in self.signatures:
             for sib in s.siblings:
                 if sib not in seen:
@@ -194,12 +196,27 @@ class Taxonomy:
             raise KeyError(sid)
         return found
 
+    def named_ranks(self, text: str, signature_id: str | None = None) -> list[tuple[Signature, list[int]]]:
+        """The ranks ``text`` names as the ones that failed (its ``peers`` group: NCCL's desync report,
+        monitoredBarrier, a wrapper exception), by the signature naming them. ``signature_id``: the one
+        signature the line is known to match (a front-end matched it): only that one is tried."""
+        if signature_id is not None:
+            sig = self.find(signature_id)
+            if sig is None or not any("peers" in p.groupindex for p in sig.patterns):
+                return []
+            found = [(sig, m)] if (m := sig.search(text)) is not None else []
+        else:
+            found = self.match_line(text)
+        out = []
+        for sig, m in found:
+            peers = m.groupdict().get("peers")
+            if peers:
+                out.append((sig, [int(p) for p in peers.replace(" ", "").split(",") if p.isdigit()]))
+        return out
+
     def find(self, sid: str | None) -> Signature | None:
         """The signature of that id; None for None or an id this taxonomy does not have (an older report's)."""
-        for s in self.signatures:
-            if s.id == sid:
-                return s
-        return None
+        return self._by_id_map.get(sid) if sid is not None else None
 
     def match_line(self, line: str) -> list[tuple[Signature, re.Match[str]]]:
         """Every signature matching ``line``, in taxonomy order. The literals are checked once per line
