@@ -274,6 +274,23 @@ def read_tail(
     return tuple(line[:4000] for line in lines[-max_lines:])
 
 
+def read_window(path: Path, max_bytes: int) -> tuple[list[str], bool] | None:
+    """A stream's lines in its last ``max_bytes`` (a line cut by the window dropped), and whether that is the
+    whole file; None when it cannot be read."""
+    try:
+        with open(path, "rb") as fp:
+            fp.seek(0, os.SEEK_END)
+            start = max(0, fp.tell() - max_bytes)
+            fp.seek(start)
+            data = fp.read()
+    except OSError:
+        return None
+    if start:
+        cut = data.find(b"\n")
+        data = data[cut + 1 :] if cut >= 0 else data
+    return data.decode(errors="replace").splitlines(), start == 0
+
+
 def read_json(path: Path, max_bytes: int | None = None) -> dict[str, Any] | None:
     """A JSON object, or None (missing, unreadable, not JSON, not an object, over ``max_bytes``)."""
     try:

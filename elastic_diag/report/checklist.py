@@ -22,7 +22,7 @@ from typing import Any
 from elastic_diag.core.evidence import AttemptEvidence, RankEvidence
 from elastic_diag.core.taxonomy import Signature, load_taxonomy
 from elastic_diag.core.verification import PLACEHOLDERS, JobFacts, render
-from elastic_diag.layout import ENV_RESUME_FROM, STDERR_FILE, STDOUT_FILE
+from elastic_diag.layout import ENV_RESUME_FROM, STDERR_FILE, STDOUT_FILE, read_window
 
 CONTEXT_LINES = 100
 LINE_CHARS = 500
@@ -45,22 +45,6 @@ def _patterns(signature_id: str | None) -> list[re.Pattern[str]]:
         return []
 
 
-def _read_tail(path: Path) -> tuple[list[str], bool] | None:
-    """The file's lines (its last READ_LIMIT bytes), and whether that is the whole file."""
-    try:
-        with open(path, "rb") as fp:
-            fp.seek(0, 2)
-            start = max(0, fp.tell() - READ_LIMIT)
-            fp.seek(start)
-            data = fp.read()
-    except OSError:
-        return None
-    if start:
-        cut = data.find(b"\n")
-        data = data[cut + 1 :] if cut >= 0 else data
-    return data.decode(errors="replace").splitlines(), start == 0
-
-
 def _first_occurrence(ev: RankEvidence, signature_id: str | None, evidence: Sequence[str]) -> dict[str, Any]:
     if not ev.evidence_dir:
         return {"found": False, "rank": ev.rank, "why": f"rank {ev.rank} has no evidence folder"}
@@ -72,7 +56,7 @@ def _first_occurrence(ev: RankEvidence, signature_id: str | None, evidence: Sequ
     ]
     for stream in (STDERR_FILE, STDOUT_FILE):
         path = Path(ev.evidence_dir) / stream
-        read = _read_tail(path)
+        read = read_window(path, READ_LIMIT)
         if read is None:
             continue
         lines, whole = read
