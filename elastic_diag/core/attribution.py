@@ -217,6 +217,33 @@ def nonfinite_first(ctx: Context) -> Diagnosis | None:
                   exception_type=ev.exception.type if ev.exception else None)  # fmt: skip
 
 
+def _bare_exits_alike(ctx: Context, told: list[RankFinding], bare: list[RankFinding]) -> bool:
+    """Ranks known only by their exit (a pasted failure table, a log cut before their lines) count as failing
+    the same way when they exited with the same distinctive status as the ranks whose lines show the failure
+    (argparse's 2, a script's own sys.exit(3)); status 1 is every uncaught exception's, so it proves nothing."""
+    if not bare:
+        return True
+    seen = {f.rank: ctx.ev(f.rank) for f in [*told, *bare] if ctx.ev(f.rank).exit_seen}  # not inferred from a line
+    codes = {ev.exit_code for ev in seen.values()}
+    return len(codes) == 1 and codes.pop() not in (0, 1, None) and all(f.rank in seen for f in bare)
+
+
+def _unranked_cause(ctx: Context) -> tuple[Signature, str] | None:
+    """The one cause that lines belonging to no rank show (tracebacks of several ranks interleaved without
+    prefixes), when they show one: its most specific signature and line; None when they show none, or
+    symptoms only, or causes of different kinds."""
+    by_line: dict[tuple[int | None, str], Signature] = {}  # a line matching several signatures: the most specific
+    for line in ctx.evidence.unranked:
+        sig = ctx.taxonomy.find(line.signature)
+        key = (line.order, line.text)
+        if sig is not None and sig.role_hint != "collateral" and (key not in by_line or sig.priority > by_line[key].priority):
+            by_line[key] = sig
+    if not by_line or len({sig.failure_class for sig in by_line.values()}) != 1:
+        return None
+    (_, text), sig = max(by_line.items(), key=lambda kv: kv[1].priority)
+    return sig, text
+
+
 def same_failure_everywhere(ctx: Context) -> Diagnosis | None:
     """No rank (``initiating_rank`` null, ``all_ranks`` true), the shared class and exception: every rank failed
     on its own the same way (numbers that differ by rank, like a shard's, do not count): an import error, a
@@ -224,16 +251,22 @@ def same_failure_everywhere(ctx: Context) -> Diagnosis | None:
     findings = list(ctx.findings.values())
     if len(findings) < 2 or not all(f.own for f in findings):
         return None
-    stories = {f.story() for f in findings}
-    if len(stories) != 1:
+    # ranks known only by their exits (a failure table, a log cut before their lines): those exits compared
+    told = [f for f in findings if f.failure_class != "silent_exit" or f.exception is not None] or findings
+    if len({f.story() for f in told}) != 1 or not _bare_exits_alike(ctx, told, [f for f in findings if f not in told]):
         return None
-    first = ctx.own[0]
+    first = next(f for f in ctx.own if f in told)
     if first.failure_class == "nan_inf":
         return None  # every rank sees the all-reduced non-finite values: own_failure_first says so, with the remedy
     sig = first.signature
     exc = first.exception
     what = exc.last_line.splitlines()[0] if exc is not None and exc.last_line else (first.lines[0] if first.lines else
                                                                                      first.failure_class)  # fmt: skip
+    cls = first.failure_class
+    lines = list(first.lines[:3])
+    if cls == "silent_exit" and exc is None and (told_by := _unranked_cause(ctx)) is not None:
+        sig, what = told_by  # the ranks' exits only, and lines no rank is known for tell why: those lines' error
+        cls, lines = sig.failure_class, [what]
     loc = exc.location() if exc is not None else None
     ranks = sorted(ctx.findings)
     summary = (
@@ -242,11 +275,9 @@ def same_failure_everywhere(ctx: Context) -> Diagnosis | None:
         + ". No rank is to blame before the others: the cause is the job's code, configuration or input, "
         "the same on every rank."
     )
-    lines = list(first.lines[:3]) + [
-        f"rank {f.rank}: {f.lines[0]}" for f in sorted(findings, key=lambda f: f.rank)[:4] if f.lines
-    ]
+    lines += [f"rank {f.rank}: {f.lines[0]}" for f in sorted(findings, key=lambda f: f.rank)[:4] if f.lines]
     return Diagnosis(
-        failure_class=first.failure_class,
+        failure_class=cls,
         exception_type=exc.type if exc is not None else None,
         signature_id=sig.id if sig else None,
         summary=summary,

@@ -392,8 +392,16 @@ _FAILURE_EVIDENCE = re.compile(
 # elastic_diag's own report. Read from the end of each file.
 _COMPLETION = re.compile(
     r"worker group successfully finished|Local worker group finished \(WorkerState\.SUCCEEDED\)"
+    r"|torchelastic\.worker\.status\.SUCCEEDED"  # torch.distributed.launch's JSON events
     r"|exits successfully\.?$|Training completed\. Do not forget|`Trainer\.fit` stopped: `max_(?:epochs|steps)="
     r"|\bexit(?:ed)? with (?:exit )?(?:code|status) 0\b"
+    r"|\*{5} train metrics \*{5}|'train_runtime': \d"  # HF Trainer's end-of-training metrics
+    r"|\[after training is done\]"  # Megatron-LM
+    r"|\"key\": \"run_stop\".*\"status\": \"success\"|ENDING TIMING RUN AT"  # MLPerf's logger and run scripts
+    r"|Training completed after \d+ iterations|Job finished \(status: SUCCEEDED\)|^\W*(?:job )?status: SUCCEEDED$|Job '[\w-]+' succeeded"  # Ray, SkyPilot
+    r"|(?i:\b(?:training|train) (?:is )?(?:finished|completed?|done)\b(?! iteration)(?!:)|\b(?:finished|done) training\b)"
+    # the process group's destructor at a normal interpreter exit (torch >= 2.4): the rank got to the end
+    r"|destroy_process_group\(\) was not called before program exit"
 )
 
 

@@ -81,7 +81,11 @@ MAX_LINES_PER_RANK = 64
 CONTEXT_LINES = 100
 COMPLETION_LINES = 200  # how far from a file's end a line saying the run ended well is looked for
 # every completion line (core/log_lines.completion_line) holds one of these
-_COMPLETION_WORDS = (b"successfully", b"SUCCEEDED", b"Training completed", b"Trainer.fit", b"code 0", b"status 0")
+_COMPLETION_WORDS = (b"successfully", b"SUCCEEDED", b"Training completed", b"Trainer.fit", b"code 0", b"status 0",
+                     b"train metrics", b"train_runtime", b"after training is done", b"run_stop", b"ENDING TIMING RUN",
+                     b"succeeded", b"raining finished", b"raining complete", b"raining done", b"RAINING FINISHED",
+                     b"RAINING COMPLETE", b"RAINING DONE", b"inished training", b"one training", b"raining is ",
+                     b"destroy_process_group() was not called")
 
 
 # --- walking the paths ---------------------------------------------------------------------------
