@@ -30,8 +30,28 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, config: p
         terminalreporter.write_line(f"analyzer fixtures: {len(scores)} logs, culprit right {rank} "
                                     f"({100 * rank / len(scores):.0f}%), class right {cls} "
                                     f"({100 * cls / len(scores):.0f}%)")  # fmt: skip
+        for line in added_fixture_lines(scores):
+            terminalreporter.write_line(line)
     if not hasattr(config, "workerinput"):
         _parity_summary(terminalreporter)
+
+
+def added_fixture_lines(scores: list[list[object]]) -> list[str]:
+    """Per issue that added fixtures, the analyzer's score on them before the issue's change and now, overall
+    and per failure family."""
+    out = []
+    for issue in sorted({s[2] for s in scores if len(s) > 2 and s[2]}, key=str):
+        mine = [s for s in scores if s[2] == issue]
+        fams: dict[str, list[list[object]]] = {"all": mine}
+        for s in mine:
+            fams.setdefault(str(s[3]), []).append(s)
+        for fam, rows in fams.items():
+            n = len(rows)
+            b_rank, b_cls = sum(1 for s in rows if s[4]), sum(1 for s in rows if s[5])
+            rank, cls = sum(1 for s in rows if s[0]), sum(1 for s in rows if s[1])
+            out.append(f"  {issue} fixtures, {fam}: {n} logs, culprit {b_rank} -> {rank}, class {b_cls} -> {cls} "
+                       "(before the issue's change -> now)")  # fmt: skip
+    return out
 
 
 def _parity_summary(tr: pytest.TerminalReporter) -> None:

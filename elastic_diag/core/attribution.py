@@ -28,6 +28,7 @@ import re
 from collections.abc import Callable
 from dataclasses import replace
 
+from elastic_diag.core.busy import busy_while_peers_waited
 from elastic_diag.core.context import Context, Rule, Vote, build_context
 from elastic_diag.core.evidence import AttemptEvidence
 from elastic_diag.core.findings import RankFinding
@@ -236,7 +237,11 @@ def _unranked_cause(ctx: Context) -> tuple[Signature, str] | None:
     for line in ctx.evidence.unranked:
         sig = ctx.taxonomy.find(line.signature)
         key = (line.order, line.text)
-        if sig is not None and sig.role_hint != "collateral" and (key not in by_line or sig.priority > by_line[key].priority):
+        if (
+            sig is not None
+            and sig.role_hint != "collateral"
+            and (key not in by_line or sig.priority > by_line[key].priority)
+        ):
             by_line[key] = sig
     if not by_line or len({sig.failure_class for sig in by_line.values()}) != 1:
         return None
@@ -612,6 +617,7 @@ RULES: tuple[Rule, ...] = (
     only_rank_without_error,
     exited_while_peers_waited,
     schedules_disagree,
+    busy_while_peers_waited,
     watchdogs_part,
     no_rank_named,
 )

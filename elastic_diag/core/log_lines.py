@@ -398,8 +398,10 @@ _COMPLETION = re.compile(
     r"|\*{5} train metrics \*{5}|'train_runtime': \d"  # HF Trainer's end-of-training metrics
     r"|\[after training is done\]"  # Megatron-LM
     r"|\"key\": \"run_stop\".*\"status\": \"success\"|ENDING TIMING RUN AT"  # MLPerf's logger and run scripts
-    r"|Training completed after \d+ iterations|Job finished \(status: SUCCEEDED\)|^\W*(?:job )?status: SUCCEEDED$|Job '[\w-]+' succeeded"  # Ray, SkyPilot
-    r"|(?i:\b(?:training|train) (?:is )?(?:finished|completed?|done)\b(?! iteration)(?!:)|\b(?:finished|done) training\b)"
+    r"|Training completed after \d+ iterations|Job finished \(status: SUCCEEDED\)"  # Ray, SkyPilot
+    r"|^\W*(?:job )?status: SUCCEEDED$|Job '[\w-]+' succeeded"  # a job's status (TorchX, Ray jobs)
+    r"|(?i:\b(?:training|train) (?:is )?(?:finished|completed?|done)\b(?! iteration)(?!:)"
+    r"|\b(?:finished|done) training\b)"
     # the process group's destructor at a normal interpreter exit (torch >= 2.4): the rank got to the end
     r"|destroy_process_group\(\) was not called before program exit"
 )

@@ -81,11 +81,30 @@ MAX_LINES_PER_RANK = 64
 CONTEXT_LINES = 100
 COMPLETION_LINES = 200  # how far from a file's end a line saying the run ended well is looked for
 # every completion line (core/log_lines.completion_line) holds one of these
-_COMPLETION_WORDS = (b"successfully", b"SUCCEEDED", b"Training completed", b"Trainer.fit", b"code 0", b"status 0",
-                     b"train metrics", b"train_runtime", b"after training is done", b"run_stop", b"ENDING TIMING RUN",
-                     b"succeeded", b"raining finished", b"raining complete", b"raining done", b"RAINING FINISHED",
-                     b"RAINING COMPLETE", b"RAINING DONE", b"inished training", b"one training", b"raining is ",
-                     b"destroy_process_group() was not called")
+_COMPLETION_WORDS = (
+    b"successfully",
+    b"SUCCEEDED",
+    b"Training completed",
+    b"Trainer.fit",
+    b"code 0",
+    b"status 0",
+    b"train metrics",
+    b"train_runtime",
+    b"after training is done",
+    b"run_stop",
+    b"ENDING TIMING RUN",
+    b"succeeded",
+    b"raining finished",
+    b"raining complete",
+    b"raining done",
+    b"RAINING FINISHED",
+    b"RAINING COMPLETE",
+    b"RAINING DONE",
+    b"inished training",
+    b"one training",
+    b"raining is ",
+    b"destroy_process_group() was not called",
+)
 
 
 # --- walking the paths ---------------------------------------------------------------------------
@@ -577,7 +596,12 @@ _OWN_SUMMARY_END = re.compile(r"^evidence: .*\(report: .*; page: .*\)$")
 _SPAWN_BLOCK = re.compile(r"^-- Process (?P<rank>\d+) terminated with the following error")
 # a rank-local phase beginning: a checkpoint save, an evaluation (what one rank's path alone may do)
 _PHASE = re.compile(r"\b(?:[Ss]aving (?:model )?(?:checkpoint|model|state|weights)|[Ee]valuating|Running [Ee]valuation|"
-                    r"[Vv]alidation (?:sanity check|loop|epoch|DataLoader))")  # fmt: skip
+                    r"[Vv]alidation (?:sanity check|loop|epoch|DataLoader)"
+                    # the data preparation frameworks run on the main process first (datasets' map, HF examples,
+                    # LLaMA-Factory, axolotl, TRL): its progress bars and log lines
+                    r"|Running tokenizer on|[Tt]okeniz(?:ing|e) (?:the )?(?:[Pp]rompts|dataset|train|data)"
+                    r"|^\s*Map(?: \(num_proc=\d+\))?:\s+\d+%"
+                    r"|Grouping texts in chunks|Packing (?:the )?dataset)")  # fmt: skip
 
 
 # what launchers raise about their workers' failures (torchrun, torch.multiprocessing.spawn, accelerate)
@@ -588,13 +612,25 @@ _LAUNCHER_EXCEPTIONS = ("ChildFailedError", "SignalException", "CalledProcessErr
 _ANCHOR_TEXT = tuple(a.decode() for a in ANCHORS)
 
 
+# the end of a tqdm frame ("| 280000/2969526 [29:55<4:48:08, 155.57 examples/s]") with what another process
+# printed glued to it, no newline between: a log record, a rank prefix, a traceback
+_GLUED_AFTER_BAR = re.compile(
+    r"(?<=\d)%\|[^|\n]{0,200}\|[^\[\n]{0,80}\[[^\]\n]{0,120}\](?=\[[EWFI][\d ]|\[rank\d|\[default\d|Traceback )"
+)
+
+
+def _unglue(frame: str) -> list[str]:
+    m = _GLUED_AFTER_BAR.search(frame)
+    return [frame] if m is None else [frame[: m.end()], *_unglue(frame[m.end() :])]
+
+
 def _frames(raw: str) -> list[str]:
     """The lines of one physical line: a progress bar rewrites itself with ``\\r`` and no newline, so the
-    frames, and what another process printed between them, are lines of their own; only those that
-    hold an anchor are worth parsing."""
+    frames, and what another process printed between them or glued after a frame's end, are lines of their
+    own; only those that hold an anchor are worth parsing."""
     if "\r" not in raw.rstrip("\r\n"):
-        return [raw]
-    return [f for f in raw.split("\r") if f.strip() and any(a in f for a in _ANCHOR_TEXT)]
+        return _unglue(raw) if "%|" in raw else [raw]
+    return [g for f in raw.split("\r") if f.strip() and any(a in f for a in _ANCHOR_TEXT) for g in _unglue(f)]
 
 
 def analyze_paths(

@@ -27,7 +27,8 @@ CHUNK = 4 << 20  # files are read in blocks of this size, cut at the last line b
 ANCHORS = (b"rror", b"xception", b"NCCL WARN", b"atchdog", b"imed out", b"Killed", b"killed", b"xit", b"ignal", b" nan",
            b"finite", b" join", b"Xid (", b"nterrupt", b"egmentation", b"preamble", b"rrno",
            b"ore dumped", b"oom-kill", b"Out Of Memory", b"onnection re", b"ut of memory",
-           b"ailed : ", b"aving ", b"valuat", b"alidat", b"elastic_diag: job ", b"; page: ", b"CudaCheck")  # fmt: skip
+           b"ailed : ", b"aving ", b"valuat", b"alidat", b"elastic_diag: job ", b"; page: ", b"CudaCheck",
+           b"okenizer on", b"okenizing", b"Map: ", b"Map (num_proc", b"Grouping texts", b"acking dataset")  # fmt: skip
 # An anchor directly followed by one of these bytes does not count: ``error_rate=0.01``, NCCL's
 # ``dlerror=libnccl-net.so`` and other names that hold "error" are what healthy runs print.
 NOT_FOLLOWED_BY = {b"rror": b"_="}

@@ -133,11 +133,18 @@ def test_public_report_fixtures(expected_file, record_property):
     expected = json.loads(expected_file.read_text())
     a = analyze_paths([expected_file.parent])
     got = (a.diagnosis.initiating_rank, a.diagnosis.failure_class)
-    # read by conftest.py's terminal summary: the score of the analyzer on the whole corpus
-    record_property("fixture_score", [got[0] == expected["initiating_rank"], got[1] == expected["failure_class"]])
+    # read by conftest.py's terminal summary: the score of the analyzer on the whole corpus, and on the
+    # fixtures an issue added, before its change (``before``: what the analyzer said then) and now
+    before = expected.get("before") or {}
+    record_property("fixture_score", [got[0] == expected["initiating_rank"], got[1] == expected["failure_class"],
+                                      expected.get("added_in"), expected.get("family"),
+                                      before.get("initiating_rank") == expected["initiating_rank"],
+                                      before.get("failure_class") == expected["failure_class"]])  # fmt: skip
     assert got == (expected["initiating_rank"], expected["failure_class"]), (
         f"{expected_file.parent.name}: {expected.get('why')}\n{format_analysis(a)}"
     )
+    if "all_ranks" in expected:  # every rank failed the same way: no rank is to blame before the others
+        assert a.diagnosis.all_ranks is expected["all_ranks"], format_analysis(a)
 
 
 def test_the_fixture_table_lists_every_fixture():
