@@ -93,7 +93,7 @@ class LogLine:
 
 
 # what printed a LauncherExit line
-Launcher = Literal["torchrun", "torch-agent", "deepspeed", "composer", "torchrun-diag", "other"]
+Launcher = Literal["torchrun", "torch-agent", "deepspeed", "composer", "mpirun", "horovodrun", "torchrun-diag", "other"]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

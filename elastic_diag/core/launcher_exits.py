@@ -63,7 +63,9 @@ def exits_from_launchers(evidence: AttemptEvidence, taxonomy: Taxonomy) -> Attem
             exit_time=next((t for t in (ev.exit_time, _first_time(ev), e.time) if t is not None), None),
             exception=ev.exception or e.exception,
         )
-    others = [e for kind in ("deepspeed", "composer", "other") for e in exits if e.launcher == kind]
+    others = [
+        e for kind in ("deepspeed", "composer", "mpirun", "horovodrun", "other") for e in exits if e.launcher == kind
+    ]
     for e in others:
         if e.rank is None:
             continue

@@ -348,18 +348,32 @@ def parse_fingerprint_report(text: str) -> FingerprintReport | None:
 
 # MosaicML Composer's launcher: "Rank 2 crashed with exit code -7." (the first it saw) and, for each rank
 # that crashed (not those it stopped), "Global rank 2 (PID 4242) exited with code -7"
+# Open MPI's mpirun: "mpirun noticed that process rank 3 with PID 4242 on node n1 exited on signal 9 (Killed)."
+# (the first process it saw die; its rank is the MPI rank, the job's global rank); Horovod's gloo launcher
+# (horovodrun): "Process 3 exit with status code 137." (a shell status: 128 + N is death by signal N)
 _LAUNCHER_EXIT = re.compile(
     r"\bRank (?P<r1>\d+) crashed with exit code (?P<c1>-?\d+)"
     r"|\bGlobal rank (?P<r2>\d+) \(PID \d+\) exited with code (?P<c2>-?\d+)"
+    r"|\bmpirun noticed that process rank (?P<r3>\d+) with PID \S+ on node \S+ exited on signal (?P<s3>\d+)"
+    r"|^\s*Process (?P<r4>\d+) exit with status code (?P<c4>\d+)\.?\s*$"
 )
+LAUNCHER_EXIT_WORDS = ("xited with code", "crashed with", "exited on signal", "exit with status code")
 
 
-def parse_launcher_exit(text: str) -> tuple[int, int] | None:
-    """A launcher's line naming a GLOBAL rank and its exit status: (rank, code)."""
+def parse_launcher_exit(text: str) -> tuple[int, int, str] | None:
+    """A launcher's line naming a GLOBAL rank and its exit status: (rank, code, launcher); a death by signal
+    N is status -N, as torch's launchers give it."""
     m = _LAUNCHER_EXIT.search(text)
     if not m:
         return None
-    return (int(m["r1"]), int(m["c1"])) if m["r1"] else (int(m["r2"]), int(m["c2"]))
+    if m["r1"]:
+        return int(m["r1"]), int(m["c1"]), "composer"
+    if m["r2"]:
+        return int(m["r2"]), int(m["c2"]), "composer"
+    if m["r3"]:
+        return int(m["r3"]), -int(m["s3"]), "mpirun"
+    code = int(m["c4"])
+    return int(m["r4"]), -(code - 128) if 128 < code < 160 else code, "horovodrun"
 
 
 def parse_deepspeed_mapping(text: str) -> dict[str, list[int]] | None:

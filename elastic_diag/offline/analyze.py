@@ -27,6 +27,7 @@ from elastic_diag.core.exceptions import ExceptionRecord
 from elastic_diag.core.log_lines import (
     EXC_LINE,
     GENERIC_EXCEPTION,
+    LAUNCHER_EXIT_WORDS,
     SummaryParser,
     completion_line,
     evidence_line,
@@ -402,7 +403,7 @@ class Analyzer:
         ds_exit = parse_deepspeed_exit(text) if "exits with return code" in text else None
         if ds_exit is not None:
             self.facts.ds_exits.append((parsed.host, ds_exit[0], ds_exit[1]))
-        launcher_exit = parse_launcher_exit(text) if "xited with code" in text or "crashed with" in text else None
+        launcher_exit = parse_launcher_exit(text) if any(w in text for w in LAUNCHER_EXIT_WORDS) else None
         if launcher_exit is not None:
             self.facts.launcher_exits.append(launcher_exit)
         rank = self.resolver.line_rank(parsed, text, file_rank)

@@ -65,7 +65,7 @@ class LogRead:
     phase_lines: deque[LogLine] = field(default_factory=lambda: deque(maxlen=PHASE_LINES))
     pid_lines: list[tuple[int, LogLine]] = field(default_factory=list)  # error lines known only by a pid
     ds_exits: list[tuple[str | None, int, int]] = field(default_factory=list)  # DeepSpeed: (host, local rank, exit)
-    launcher_exits: list[tuple[int, int]] = field(default_factory=list)  # other launchers: (global rank, exit)
+    launcher_exits: list[tuple[int, int, str]] = field(default_factory=list)  # others: (global rank, exit, launcher)
     failure_lines: list[str] = field(default_factory=list)  # lines that show a failure (the first few)
     completion_lines: list[str] = field(default_factory=list)  # lines that say the run ended well
     all_exited_ok: list[str] = field(default_factory=list)  # a launcher's word that every rank exited 0
@@ -94,7 +94,10 @@ class LogRead:
             if local < len(mapped):
                 exits.append(LauncherExit(exit_code=code, launcher="deepspeed", rank=mapped[local], local_rank=local,
                                           host=host))  # fmt: skip
-        exits += [LauncherExit(exit_code=code, launcher="composer", rank=rank) for rank, code in self.launcher_exits]
+        exits += [
+            LauncherExit(exit_code=code, launcher=name, rank=rank)  # type: ignore[arg-type]
+            for rank, code, name in self.launcher_exits
+        ]
         exits += [LauncherExit(exit_code=code, launcher="torch-agent", local_rank=local, pid=pid)
                   for code, local, pid in self.failed_lines]  # fmt: skip
         exits += [LauncherExit(exit_code=0, launcher="torchrun-diag", text=text) for text in self.all_exited_ok[-1:]]

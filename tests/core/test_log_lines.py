@@ -8,7 +8,7 @@ from helpers import FIXTURES
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from elastic_diag.core.log_lines import SummaryParser, parse_line, rank_from_path
+from elastic_diag.core.log_lines import SummaryParser, parse_launcher_exit, parse_line, rank_from_path
 
 RUNS = FIXTURES / "runs"
 
@@ -68,3 +68,14 @@ def test_parse_line_never_raises(text):
 def test_rank_from_path_never_raises(text):
     r = rank_from_path(text)
     assert r is None or r >= 0
+
+
+def test_launchers_that_name_a_global_rank_and_its_exit():
+    """Composer's, Open MPI's and Horovod's lines: (rank, status, launcher); a death by signal N is -N."""
+    assert parse_launcher_exit("Rank 2 crashed with exit code -7.") == (2, -7, "composer")
+    assert parse_launcher_exit("Global rank 3 (PID 4242) exited with code 1") == (3, 1, "composer")
+    mpi = "mpirun noticed that process rank 1 with PID 0 on node gpu-07 exited on signal 9 (Killed)."
+    assert parse_launcher_exit(mpi) == (1, -9, "mpirun")
+    assert parse_launcher_exit("Process 0 exit with status code 137.") == (0, -9, "horovodrun")
+    assert parse_launcher_exit("Process 5 exit with status code 1.") == (5, 1, "horovodrun")
+    assert parse_launcher_exit("Process 0 exit with status code 137 after 3 retries, restarting") is None

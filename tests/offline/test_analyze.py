@@ -350,6 +350,18 @@ def test_healthy_only_when_the_run_says_it_ended_well(tmp_path):
     "Training completed. Do not forget to share your model on huggingface.co/models =)",
     "`Trainer.fit` stopped: `max_epochs=3` reached.",
     "srun: launch/slurm: _step_signal: Terminating StepId=1234.0 ... task 0 exited with exit code 0",
+    '{"name": "torchelastic.worker.status.SUCCEEDED", "source": "WORKER", "timestamp": 0, "metadata": {}}',
+    "***** train metrics *****",
+    "{'train_runtime': 5123.4, 'train_samples_per_second': 12.1, 'train_loss': 0.91, 'epoch': 3.0}",
+    "[after training is done] datetime: 2024-03-26 09:37:40",
+    ':::MLLOG {"key": "run_stop", "value": null, "metadata": {"status": "success"}}',
+    "ENDING TIMING RUN AT 2023-09-27 07:41:40 PM",
+    "Training completed after 10 iterations at 2024-01-10 19:56:58. Total running time: 51min 37s",
+    "INFO: Job finished (status: SUCCEEDED).",
+    "status: SUCCEEDED",
+    "2024-06-01 12:00:00 | INFO | Training finished.",
+    "[rank0]:[W604 08:55:15.856 ProcessGroupNCCL.cpp:1496] Warning: WARNING: destroy_process_group() was not called "
+    "before program exit, which can leak resources.",
 ])  # fmt: skip
 def test_every_completion_line_is_looked_for(line):
     """The end of every file is searched for a completion line only when it holds one of these words
@@ -357,6 +369,24 @@ def test_every_completion_line_is_looked_for(line):
     from elastic_diag.offline.analyze import _COMPLETION_WORDS
 
     assert completion_line(line) and any(w.decode() in line for w in _COMPLETION_WORDS)
+
+
+@pytest.mark.parametrize("line", [
+    "Training finished iteration 1 at 2025-01-10 19:56:58. Total running time: 51min 37s",  # Ray: one report
+    "training done: 3 of 10 epochs",
+    "Map:  17%|#7        | 170/1000 [00:01<00:08, 99.1 examples/s]",
+])  # fmt: skip
+def test_lines_that_only_look_like_an_end_are_not(line):
+    assert not completion_line(line)
+
+
+def test_a_progress_bar_with_a_record_glued_after_it_is_two_lines():
+    from elastic_diag.offline.analyze import _frames
+
+    bar = "Running tokenizer on dataset:   9%|#    | 280000/2969526 [29:55<4:48:08, 155.57 examples/s]"
+    record = "[E ProcessGroupNCCL.cpp:475] [Rank 2] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=2)"
+    assert _frames(bar + record) == [bar, record]
+    assert _frames(bar + " done") == [bar + " done"]
 
 
 def test_exit_status_says_whether_a_failure_was_found(tmp_path):
