@@ -37,7 +37,7 @@ def corrected_failures(
         detail.append(ev.exception.traceback.rstrip())
     elif ev is not None and ev.stack is not None:
         detail.append("Its stack when the launcher took the verdict:")
-        detail.append(ev.stack.text.rstrip()[:8000])
+        detail.append(ev.stack.for_people().rstrip()[:8000])
     elif ev is not None:
         detail.append("Last lines of its stderr:")
         detail.extend(f"  {line}" for line in ev.stderr_tail[-15:])

@@ -43,12 +43,38 @@ class StackFrame:
         return f"{self.file}:{self.line} in {self.func}"
 
 
+_OWN_CODE = "/elastic_diag/"
+OWN_THREAD_MARK = " [elastic_diag's own thread: answering the dump]"
+
+
 @dataclass(frozen=True, slots=True)
 class StackDump:
-    """One faulthandler dump of all threads; ``threads[-1]`` is the oldest thread (the main one)."""
+    """One faulthandler dump of all threads; ``threads[-1]`` is the oldest thread (the main one).
+    ``blocks``: each thread's text (its header and frames), in the dump's order; ``head``: what came before
+    the first thread (elastic_diag's dump marker)."""
 
     text: str
     threads: tuple[tuple[StackFrame, ...], ...]
+    blocks: tuple[str, ...] = ()
+    head: str = ""
+
+    def for_people(self) -> str:
+        """The dump as a person should read it: the thread that matters first (the main thread, where the
+        training loop is stuck or waits in a collective), the other threads of the job next, and
+        elastic_diag's own threads (the one that wrote the dump is faulthandler's "Current thread") last and
+        marked as the tool's."""
+        if len(self.blocks) != len(self.threads) or len(self.blocks) < 2:
+            return self.text
+        order = [len(self.threads) - 1, *range(len(self.threads) - 1)]
+        own = [i for i in order if any(_OWN_CODE in f.file.replace("\\", "/") for f in self.threads[i][:1])]
+        first = [i for i in order if i not in own]
+        if not first:
+            return self.text
+        parts = [self.blocks[i] for i in first]
+        for i in own:
+            header, _, rest = self.blocks[i].partition("\n")
+            parts.append(header.rstrip() + OWN_THREAD_MARK + ("\n" + rest if rest else ""))
+        return (self.head + "\n".join(p.rstrip("\n") + "\n" for p in parts)).rstrip("\n") + "\n"
 
     @property
     def main_thread(self) -> tuple[StackFrame, ...]:
@@ -72,13 +98,18 @@ class StackDump:
 def parse_stack_dump(text: str) -> StackDump | None:
     """Parse faulthandler's ``dump_traceback(all_threads=True)`` text; None when it has no thread."""
     threads: list[list[StackFrame]] = []
+    blocks: list[list[str]] = []
+    head: list[str] = []
     for raw in text.splitlines():
         if _THREAD_HEADER.match(raw):
             threads.append([])
+            blocks.append([raw])
             continue
+        (blocks[-1] if blocks else head).append(raw)
         m = _FRAME.match(raw)
         if m and threads:
             threads[-1].append(StackFrame(m["file"], int(m["line"]), m["func"].strip()))
     if not threads:
         return None
-    return StackDump(text=text, threads=tuple(tuple(t) for t in threads))
+    return StackDump(text=text, threads=tuple(tuple(t) for t in threads),
+                     blocks=tuple("\n".join(b) for b in blocks), head="".join(h + "\n" for h in head))  # fmt: skip

@@ -38,7 +38,7 @@ class AttemptRecord:
 def rank_entry(ev: RankEvidence, role: str) -> dict[str, Any]:
     stack = None
     if ev.stack is not None:
-        stack = ev.stack.text[:STACK_CHARS]
+        stack = ev.stack.for_people()[:STACK_CHARS]  # the stuck thread first, the tool's own threads last
     return {
         "rank": ev.rank,
         "local_rank": ev.local_rank,

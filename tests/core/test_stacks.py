@@ -6,7 +6,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from elastic_diag.core.stacks import is_user_file, parse_stack_dump
+from elastic_diag.core.stacks import OWN_THREAD_MARK, is_user_file, parse_stack_dump
 
 DUMP = """--- elastic_diag dump hang-0 at 1.0 ---
 Thread 0x00007f39fddc36c0 (most recent call first):
@@ -49,3 +49,29 @@ def test_user_files():
 def test_parsing_never_raises(text):
     dump = parse_stack_dump(text)
     assert dump is None or dump.in_collective() in (True, False, None)
+
+
+_BEACON_FIRST = """
+--- elastic_diag dump stall-0-1 at 1796298793.103697 ---
+Current thread 0x00007fa0b87ba6c0 (most recent call first):
+  File "/venv/lib/python3.11/site-packages/elastic_diag/worker/beacon.py", line 168 in _answer_dump
+  File "/venv/lib/python3.11/site-packages/elastic_diag/worker/beacon.py", line 121 in _run
+  File "/usr/lib/python3.11/threading.py", line 1002 in _bootstrap
+
+Thread 0x00007fa0b9652b80 (most recent call first):
+  File "/venv/lib/python3.11/site-packages/torch/distributed/distributed_c10d.py", line 4159 in barrier
+  File "/job/train.py", line 49 in main
+  File "/job/train.py", line 54 in <module>
+"""
+
+
+def test_the_stuck_thread_comes_first_and_the_tools_own_thread_last_and_marked():
+    dump = parse_stack_dump(_BEACON_FIRST)
+    assert dump is not None
+    text = dump.for_people()
+    assert text.index("Thread 0x00007fa0b9652b80") < text.index("Current thread 0x00007fa0b87ba6c0")
+    assert "Current thread 0x00007fa0b87ba6c0 (most recent call first): [elastic_diag's own thread" in text
+    assert text.startswith("\n--- elastic_diag dump stall-0-1")
+    assert sorted(text.split()) == sorted((_BEACON_FIRST + OWN_THREAD_MARK).split())  # nothing lost or added
+    single = parse_stack_dump(_BEACON_FIRST.split("\nThread")[0])
+    assert single is not None and single.for_people() == single.text
