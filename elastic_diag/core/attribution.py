@@ -28,7 +28,7 @@ import re
 from collections.abc import Callable
 from dataclasses import replace
 
-from elastic_diag.core.busy import busy_while_peers_waited
+from elastic_diag.core.busy import busy_while_peers_waited, waited_for_main_process
 from elastic_diag.core.context import Context, Rule, Vote, build_context
 from elastic_diag.core.evidence import AttemptEvidence
 from elastic_diag.core.findings import RankFinding
@@ -600,6 +600,7 @@ def no_rank_named(ctx: Context) -> Diagnosis:
 STEPS: tuple[Step, ...] = (exits_from_launchers, watchdog_aborts, named_ranks_exist, exits_from_lines)
 VOTES: tuple[VoteCheck, ...] = (watchdogs_disagree_on_op, watchdog_out_of_step, named_in_unranked_lines)
 RULES: tuple[Rule, ...] = (
+    waited_for_main_process,
     lines_without_rank,
     all_succeeded,
     nothing_failed,

@@ -602,7 +602,8 @@ _PHASE = re.compile(r"\b(?:[Ss]aving (?:model )?(?:checkpoint|model|state|weight
                     # LLaMA-Factory, axolotl, TRL): its progress bars and log lines
                     r"|Running tokenizer on|[Tt]okeniz(?:ing|e) (?:the )?(?:[Pp]rompts|dataset|train|data)"
                     r"|^\s*Map(?: \(num_proc=\d+\))?:\s+\d+%"
-                    r"|Grouping texts in chunks|Packing (?:the )?dataset)")  # fmt: skip
+                    r"|Grouping texts in chunks|Packing (?:the )?dataset"
+                    r"|Generating (?:train|validation|test) split)")  # fmt: skip
 
 
 # what launchers raise about their workers' failures (torchrun, torch.multiprocessing.spawn, accelerate)
@@ -616,7 +617,7 @@ _ANCHOR_TEXT = tuple(a.decode() for a in ANCHORS)
 # the end of a tqdm frame ("| 280000/2969526 [29:55<4:48:08, 155.57 examples/s]") with what another process
 # printed glued to it, no newline between: a log record, a rank prefix, a traceback
 _GLUED_AFTER_BAR = re.compile(
-    r"(?<=\d)%\|[^|\n]{0,200}\|[^\[\n]{0,80}\[[^\]\n]{0,120}\](?=\[[EWFI][\d ]|\[rank\d|\[default\d|Traceback )"
+    r"\[\d+:\d+(?::\d+)?(?:<[\d:?]+)?, [^\]\n]{0,100}\](?=\[[EWFI][\d ]|\[rank\d|\[default\d|Traceback )"
 )
 
 
@@ -630,7 +631,7 @@ def _frames(raw: str) -> list[str]:
     frames, and what another process printed between them or glued after a frame's end, are lines of their
     own; only those that hold an anchor are worth parsing."""
     if "\r" not in raw.rstrip("\r\n"):
-        return _unglue(raw) if "%|" in raw else [raw]
+        return _unglue(raw) if "/s]" in raw or "/it]" in raw else [raw]
     return [g for f in raw.split("\r") if f.strip() and any(a in f for a in _ANCHOR_TEXT) for g in _unglue(f)]
 
 
