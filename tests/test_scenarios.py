@@ -142,6 +142,13 @@ CASES: list[Scenario] = [
     Scenario("tqdm_bar_logged_cleanup.py", 2, 1, "python_exception", "RuntimeError", "own_failure_first",
              check=_failure_began_when_logged),
     Scenario("finally_barrier.py", 3, 2, "python_exception", "RuntimeError", "own_failure_first"),
+    # -- chained exceptions: the first of the chain is the failure, an error raised while handling it is not
+    Scenario("chain_save_in_except.py", 3, 1, "python_exception", "ValueError", "own_failure_first"),
+    Scenario("chain_reraise_from.py", 3, 2, "python_exception", "KeyError", "own_failure_first"),
+    Scenario("chain_oom_then_cleanup.py", 2, 1, "host_oom", "RuntimeError", "own_failure_first"),
+    *(Scenario(script, nproc, None, "healthy", returncode=0, env={"SCENARIO_FAIL_RANK": "-1"})
+      for script, nproc in (("chain_save_in_except.py", 3), ("chain_reraise_from.py", 3),
+                            ("chain_oom_then_cleanup.py", 2))),
     # -- host memory ----------------------------------------------------------------------------------
     Scenario("numpy_memory_error.py", 2, 1, "host_oom", "numpy._core._exceptions._ArrayMemoryError"),
     Scenario("torch_cpu_alloc.py", 2, 1, "host_oom", "RuntimeError"),

@@ -27,6 +27,7 @@ from typing import Literal
 
 from elastic_diag.core.evidence import RankEvidence
 from elastic_diag.core.exceptions import ExceptionRecord
+from elastic_diag.core.log_lines import GENERIC_EXCEPTION
 from elastic_diag.core.taxonomy import RoleHint, Signature, Taxonomy
 
 _DIGITS = re.compile(r"0x[0-9a-fA-F]+|\d+")
@@ -88,18 +89,30 @@ def _exception_signature(
 
 
 def _judge_exception(exc: ExceptionRecord, taxonomy: Taxonomy) -> tuple[Signature, str, ExceptionRecord] | None:
-    """The exception's own signature, or None when it is a symptom of a peer's failure. A symptom
-    raised while handling an exception of the rank's own (a cleanup's collective that found the peers
-    gone) gives that one: the first of its chain that is no symptom."""
+    """The failure an uncaught exception is, or None when it is a symptom of a peer's failure. Of a chain
+    ("During handling of the above exception, another exception occurred", "The above exception was the
+    direct cause of the following exception") the FIRST exception that is no symptom is the failure: what
+    was raised while handling it (a save, a close, a cleanup's collective that found the peers gone) or
+    re-raised from it (a framework's wrapper) is not. Only a later exception of a kind the taxonomy knows
+    (an out-of-memory, a CUDA error) overrides a first one that is a plain, unrecognised error. A chain that
+    began with a symptom (the collective that found a peer gone) is a symptom, whatever its handler raised."""
+    own: list[tuple[Signature, str, ExceptionRecord]] = []
+    for i, (etype, message) in enumerate(exc.chain):  # oldest first
+        cause = _exception_signature(etype, message, (), taxonomy)
+        if i == 0 and cause is not None and cause[0].role_hint == "collateral":
+            return None  # it began as a symptom (a peer gone): what it raised while handling that is one too
+        if cause is not None and cause[0].role_hint != "collateral":
+            own.append((cause[0], cause[1], ExceptionRecord(type=etype, message=message, traceback=exc.section(i),
+                                                            time=exc.time, thread=exc.thread)))  # fmt: skip
     best = _exception_signature(exc.type, exc.message, exc.mro, taxonomy)
     if best is not None and best[0].role_hint != "collateral":
-        return best[0], best[1], exc
-    for i, (etype, message) in enumerate(exc.chain):
-        cause = _exception_signature(etype, message, (), taxonomy)
-        if cause is not None and cause[0].role_hint != "collateral":
-            return cause[0], cause[1], ExceptionRecord(type=etype, message=message, traceback=exc.section(i),
-                                                       time=exc.time, thread=exc.thread)  # fmt: skip
-    return None
+        own.append((best[0], best[1], exc))
+    if not own:
+        return None
+    first = own[0]
+    if first[0].id == GENERIC_EXCEPTION:
+        return next((o for o in own[1:] if o[0].id != GENERIC_EXCEPTION), first)
+    return first
 
 
 @dataclass(frozen=True, slots=True)

@@ -472,6 +472,7 @@ class Analyzer:
             self._in_own_summary = True
             if text.startswith("elastic_diag: job succeeded"):
                 self.facts.all_exited_ok.append(text[:300])
+                self.facts.completion_lines.append(text[:300])  # the run ended well, even with no rank known
             return True
         if self._in_own_summary and _OWN_SUMMARY_END.match(text):
             self._in_own_summary = False
