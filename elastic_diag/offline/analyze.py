@@ -133,6 +133,7 @@ class Analyzer:
         )
         self.find_lines = LineFinder(ANCHORS, use_hyperscan=self.prefilter == "hyperscan")
         self.find_mappings = LineFinder(MAPPING_ANCHORS, use_hyperscan=self.prefilter == "hyperscan")
+        self.find_completion = LineFinder(_COMPLETION_WORDS, use_hyperscan=self.prefilter == "hyperscan")
         self.progress: Callable[[str], None] = lambda _text: None
         self.resolver = RankResolver(self.facts)
         self._order = 0
@@ -300,15 +301,12 @@ class Analyzer:
             log = self.facts.rank(rank)
             for line in last[-TAIL_LINES:]:
                 log.last_lines.append(self.parse(_decode(line)).text[:2000])
-        blob = b"\n".join(last)
-        if not any(word in blob for word in _COMPLETION_WORDS):
-            return
-        for line in last:
-            if any(word in line for word in _COMPLETION_WORDS):
-                text = self.parse(_decode(line)).text.strip()
-                if completion_line(text):
-                    self.facts.completion_lines.append(text[:500])
-                    return
+        blob = b"\n".join(last) + b"\n"
+        for start in self.find_completion(blob)[0]:
+            text = self.parse(_decode(blob[start : blob.find(b"\n", start)])).text.strip()
+            if completion_line(text):
+                self.facts.completion_lines.append(text[:500])
+                return
 
     def _add_flight_record(self, path: Path) -> bool:
         """A flight-recorder dump (torch's JSON or pickle, or elastic_diag's fr_trace.json); False when
