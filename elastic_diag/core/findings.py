@@ -7,9 +7,9 @@ shows the symptom of a peer's failure (``hint == "collateral"``: a peer closed t
 collective timed out, gloo aborted it as the receiver of mismatched data). Own evidence is, in
 order of strength:
 
-* its uncaught exception, when the exception itself is not a symptom; when it is (a cleanup's
-  collective that failed because the peers had gone), the first exception of its chain that is not
-  (the ValueError it was handling when the cleanup ran);
+* its uncaught exception: of its chain, the first exception that is not a symptom (what the except
+  or finally block raised while handling it, or a wrapper re-raised from it, is not the failure); a
+  chain that began as a symptom is one;
 * the first error of its own it printed (a traceback it logged before cleaning up, a fatal signal's
   banner), stamped by the launcher's line clock, when it made no progress after it;
 * the uncaught exception of one of its threads, when the rank made no progress after it;
