@@ -6,7 +6,8 @@ every verdict, live and offline (:data:`elastic_diag.core.attribution.SUSPECTS`)
 2. :func:`only_silent_rank`: the one rank that reported nothing while every other rank up to the highest
    seen timed out waiting;
 3. :func:`rank_zero_path`: rank 0, when every waiting rank waits in a BROADCAST (rank 0 is its root in
-   nearly every framework), or in a small collective right after a phase frameworks run on rank 0 alone.
+   nearly every framework), or in a small collective right after a phase frameworks run on rank 0 alone;
+4. :func:`rank_zero_left_silent`: rank 0, when rank 1 alone timed out and rank 0 reported nothing.
 
 Pure: no torch, no I/O, no clock.
 """
@@ -101,7 +102,20 @@ def rank_zero_path(ctx: Context) -> tuple[int, str] | None:
                f'"{phase}", a phase frameworks run on rank 0 alone; rank 0 reported no timeout')  # fmt: skip
 
 
-SUSPECTS: tuple[Suspect, ...] = (odd_one_out, only_silent_rank, rank_zero_path)
+def rank_zero_left_silent(ctx: Context) -> tuple[int, str] | None:
+    """Rank 1 alone timed out waiting and rank 0 reported nothing at all (a two-rank job, or a paste of one
+    rank's lines): rank 0 is the only rank known to be left, the weakest suspect of all."""
+    waited = [ev.rank for ev in ctx.evidence.ranks if any(_waits(line, ctx.taxonomy) for line in ev.lines)]
+    if waited != [1]:
+        return None
+    ev = ctx.evidence.rank(0)
+    if ev is not None and (ev.lines or ev.exception is not None or (ev.exit_seen and ev.exit_code not in (None, 0))):
+        return None
+    return 0, ("rank 1 timed out waiting in a collective and rank 0, the only other rank known, reported nothing: it "
+               "may never have reached that collective, or its output is not in these logs")  # fmt: skip
+
+
+SUSPECTS: tuple[Suspect, ...] = (odd_one_out, only_silent_rank, rank_zero_path, rank_zero_left_silent)
 
 
 def with_suspect(ctx: Context, verdict: Diagnosis) -> Diagnosis:
