@@ -115,15 +115,15 @@ def lines_without_rank(ctx: Context) -> Diagnosis | None:
     a log, a console without rank prefixes): their most specific signature, and no rank."""
     if ctx.evidence.ranks or not ctx.evidence.unranked:
         return None
-    known = [(sig, line) for line in ctx.evidence.unranked if (sig := ctx.taxonomy.find(line.signature)) is not None]
+    known = _unranked_signatures(ctx)
     if not known:
         return None
-    sig, best = max(known, key=lambda k: k[0].priority)
+    (_, text), sig = max(known.items(), key=lambda kv: kv[1].priority)
     return Diagnosis(
         failure_class=sig.failure_class,
         signature_id=sig.id,
-        summary=f"{sig.title}; no line names a rank, so the initiating rank cannot be told ({best.text[:200]}).",
-        evidence=(best.text,),
+        summary=f"{sig.title}; no line names a rank, so the initiating rank cannot be told ({text[:200]}).",
+        evidence=(text,),
         fix=sig.fix,
         verify=sig.verify,
         retryable=sig.retryable,
@@ -229,20 +229,25 @@ def _bare_exits_alike(ctx: Context, told: list[RankFinding], bare: list[RankFind
     return len(codes) == 1 and codes.pop() not in (0, 1, None) and all(f.rank in seen for f in bare)
 
 
+def _unranked_signatures(ctx: Context, causes_only: bool = False) -> dict[tuple[int | None, str], Signature]:
+    """Each line that belongs to no rank, by its most specific signature (a line matches several);
+    ``causes_only``: no symptoms."""
+    by_line: dict[tuple[int | None, str], Signature] = {}
+    for line in ctx.evidence.unranked:
+        sig = ctx.taxonomy.find(line.signature)
+        if sig is None or (causes_only and sig.role_hint == "collateral"):
+            continue
+        key = (line.order, line.text)
+        if key not in by_line or sig.priority > by_line[key].priority:
+            by_line[key] = sig
+    return by_line
+
+
 def _unranked_cause(ctx: Context) -> tuple[Signature, str] | None:
     """The one cause that lines belonging to no rank show (tracebacks of several ranks interleaved without
     prefixes), when they show one: its most specific signature and line; None when they show none, or
     symptoms only, or causes of different kinds."""
-    by_line: dict[tuple[int | None, str], Signature] = {}  # a line matching several signatures: the most specific
-    for line in ctx.evidence.unranked:
-        sig = ctx.taxonomy.find(line.signature)
-        key = (line.order, line.text)
-        if (
-            sig is not None
-            and sig.role_hint != "collateral"
-            and (key not in by_line or sig.priority > by_line[key].priority)
-        ):
-            by_line[key] = sig
+    by_line = _unranked_signatures(ctx, causes_only=True)
     if not by_line or len({sig.failure_class for sig in by_line.values()}) != 1:
         return None
     (_, text), sig = max(by_line.items(), key=lambda kv: kv[1].priority)
