@@ -104,6 +104,23 @@ def _stall_saw(holder: int, where: str, *, warned: bool) -> Callable[[dict[str, 
     return check
 
 
+def _blocked_on(holder: int, waits: dict[int, str], *words: str) -> Callable[[dict[str, Any]], None]:
+    """The stall snapshot saw the ranks outside the collective blocked as ``waits`` (rank -> what the kernel
+    showed it waiting for, core/blocked.py), ``holder`` holding the others up; the summary says so."""
+
+    def check(report: dict[str, Any]) -> None:
+        stall = report["attempts"][-1]["stalls"][0]
+        assert stall["snapshot"] == "taken" and sorted(stall["outside"]) == sorted(waits), stall
+        blocked = {r["rank"]: r["blocked"] for r in stall["ranks"] if r["blocked"]}
+        assert {r: b["waits_for"] for r, b in blocked.items()} == waits, blocked
+        for r, b in blocked.items():
+            if r != holder and b["holder_rank"] is not None:
+                assert b["holder_rank"] == holder, b
+        _summary_has("At the stall snapshot", *words)(report)
+
+    return check
+
+
 def _outlasted_the_timeout(report: dict[str, Any]) -> None:
     assert report["diagnosis"]["signature_id"] == "rank-outlasted-collective-timeout", report["diagnosis"]
     _stall_saw(0, "in save_checkpoint", warned=False)(report)
@@ -206,6 +223,27 @@ CASES: list[Scenario] = [
     Scenario("fsdp2_grad_hook_blocks.py", 3, 1, "hang", None, "missing_from_collective",
              flags=("--diag-stall-timeout", "2", "--diag-hang-timeout", "6"),
              check=_stall_saw(1, "fsdp2_grad_hook_blocks.py", warned=False)),
+    # -- ranks blocked outside torch: what the kernel shows them waiting on (the stall snapshot, /proc) ----
+    Scenario("flock_shard_fetch.py", 3, 2, "hang", None, "alive_outside_collective",
+             flags=("--diag-stall-timeout", "2"),
+             check=_blocked_on(2, {1: "lock", 2: "child"}, "rank 1 waited for the lock on", "held by rank 2",
+                               "rank 2 waited for its child process")),
+    Scenario("popen_wait_pipe_full.py", 3, 1, "hang", None, "alive_outside_collective",
+             flags=("--diag-stall-timeout", "2"),
+             check=_blocked_on(1, {1: "child"}, "blocked writing to a pipe that nobody read")),
+    Scenario("fifo_sidecar_ready.py", 3, 1, "hang", None, "alive_outside_collective",
+             flags=("--diag-stall-timeout", "2"),
+             check=_blocked_on(1, {1: "fifo"}, "opening a named pipe that no process had opened for writing")),
+    Scenario("prefetch_thread_download_hangs.py", 3, 2, "hang", None, "alive_outside_collective",
+             flags=("--diag-stall-timeout", "2"),
+             check=_blocked_on(2, {2: "futex"}, "waiting on a socket", "TCP 127.0.0.1:")),
+    Scenario("filelock_download_stalls.py", 3, 1, "hang", None, "alive_outside_collective",
+             flags=("--diag-stall-timeout", "2"),
+             check=_blocked_on(1, {1: "socket", 2: "lock"}, "rank 2 waited for the lock on", "held by rank 1")),
+    *(Scenario(script, 2, None, "healthy", returncode=0, flags=("--diag-stall-timeout", "2"),
+               env={"SCENARIO_FAIL_RANK": "-1"}, check=_healthy_with_steps)
+      for script in ("flock_shard_fetch.py", "popen_wait_pipe_full.py", "fifo_sidecar_ready.py",
+                     "prefetch_thread_download_hangs.py", "filelock_download_stalls.py")),
     Scenario("nan_batch_clip_error.py", 3, 1, "nan_inf", "RuntimeError", "nonfinite_first"),
     Scenario("nan_grads_finite_loss.py", 2, None, "nan_inf", None, "own_failure_first",
              check=_summary_has("became non-finite together")),

@@ -7,9 +7,11 @@ collective. The snapshot runs in a thread of its own, so the monitor goes on wat
 1. each live rank's beacon is asked for its stacks and flight recorder (``dump.request``); a rank whose
    beacon does not answer within the stack timeout (the GIL held in native code) gets faulthandler's
    signal, which writes its stack from C;
-2. the stacks and a copy of each flight recorder go to ``attempt_N/stall_K/rank_R/``, then
+2. what the kernel shows each rank outside the collective blocked on: a lock another rank holds, a child
+   process, a pipe, a socket (:mod:`elastic_diag.agent.blocked`, a few milliseconds from /proc);
+3. the stacks and a copy of each flight recorder go to ``attempt_N/stall_K/rank_R/``, then
    ``stall_K/stall.json`` (:mod:`elastic_diag.core.stall`): that file on disk means the evidence is;
-3. py-spy's native stacks, where installed, within ``NATIVE_STACKS_S``, of the ranks outside the collective
+4. py-spy's native stacks, where installed, within ``NATIVE_STACKS_S``, of the ranks outside the collective
    and of those whose beacon was silent (py-spy stops a rank for the time of its dump); stall.json again.
 
 Bounded: one snapshot per stall, at most one every ``STALL_SPACING_S`` (the monitor's rule), the dumps
@@ -31,9 +33,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from elastic_diag.agent.blocked import probe_blocked
 from elastic_diag.agent.clock import Clock
 from elastic_diag.agent.dumps import STACK_LIMIT, native_stacks_of, request_dumps
 from elastic_diag.agent.health import Stall
+from elastic_diag.core.blocked import Blocked
 from elastic_diag.core.stacks import parse_stack_dump
 from elastic_diag.core.stall import StallRank, StallRecord, label_outcomes, stall_to_json, stall_warning
 from elastic_diag.layout import (
@@ -122,13 +126,14 @@ class StallSnapshots:
             gone = self._exited()
             live = {lr: (pid, layout) for lr, (_, pid, layout) in self.targets.items() if lr not in gone}
             stacks, answered = request_dumps(live, self.stack_timeout_s, f"stall-{self.attempt}-{stall.number}")
+            blocked = self._blocked(stall, live, stacks)
             folder = self.attempt_dir / stall_dir_name(stall.number)
             collectives = {lr: self._keep(lr, folder, stacks.get(lr, ""), wall if lr in answered else None)
                            for lr in live}  # fmt: skip
             took = self._monotonic() - started
         finally:
             self._dump_lock.release()
-        record = self._record(stall, (stacks, answered, collectives), "taken", took)
+        record = self._record(stall, (stacks, answered, collectives, blocked), "taken", took)
         # py-spy stops a rank for the time of its native dump (0.8 s measured: benchmarks/stall.py snapshot-cost),
         # so only where native frames tell what the Python stack cannot: the ranks outside the collective (what
         # holds the others) and those whose beacon was silent (the GIL held in native code); after the record
@@ -137,6 +142,17 @@ class StallSnapshots:
         if native_stacks_of(pids):
             self._rewrite(stall.number)
         return record
+
+    def _blocked(self, stall: Stall, live: dict[int, tuple[int, RankLayout]],
+                 stacks: dict[int, str]) -> dict[int, Blocked]:  # fmt: skip
+        """What the kernel shows each rank outside the collective blocked on (by local rank): a lock another
+        rank holds, a child process, a pipe (agent/blocked.py)."""
+        outside = {lr: pid for lr, (pid, _) in live.items() if lr in stall.outside}
+        rank_pids = {pid: rank for rank, pid, _ in self.targets.values()}
+        found = probe_blocked({self.targets[lr][0]: pid for lr, pid in outside.items()}, rank_pids,
+                              {self.targets[lr][0]: stacks.get(lr, "") for lr in outside})  # fmt: skip
+        by_rank = {rank: lr for lr, (rank, _, _) in self.targets.items()}
+        return {by_rank[rank]: b for rank, b in found.items() if rank in by_rank}
 
     def _keep(self, lr: int, folder: Path, stack: str, asked_at: float | None) -> str | None:
         """The rank's stack and its fresh flight recorder into the stall's folder; the collective it waits in."""
@@ -154,7 +170,7 @@ class StallSnapshots:
         return pending_collective(fr.get("trace"))
 
     def _record(self, stall: Stall, taken: Any, snapshot: str, took: float | None = None) -> StallRecord:
-        stacks, answered, collectives = taken if taken is not None else ({}, set(), {})
+        stacks, answered, collectives, blocked = taken if taken is not None else ({}, set(), {}, {})
         ranks = []
         for lr in sorted(set(stall.waiting) | set(stall.outside)):
             rank = self.targets[lr][0] if lr in self.targets else lr
@@ -168,7 +184,7 @@ class StallSnapshots:
                 rank=rank, local_rank=lr, in_collective=lr in stall.waiting and not held_gil,
                 last_progress=stall.last_progress.get(lr),
                 where=str(frame) if frame is not None else None, collective=collectives.get(lr),
-                beacon=(lr in answered) if lr in stacks else None, stack=dump,
+                beacon=(lr in answered) if lr in stacks else None, stack=dump, blocked=blocked.get(lr),
             ))  # fmt: skip
         record = StallRecord(number=stall.number, node=self.node, since=stall.since, detected_at=stall.detected_at,
                              threshold_s=stall.threshold_s, ranks=tuple(ranks), snapshot=snapshot,

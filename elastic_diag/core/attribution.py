@@ -485,20 +485,25 @@ def hang_alarm(ctx: Context) -> Diagnosis | None:
 
 
 def alive_outside_collective(ctx: Context) -> Diagnosis | None:
-    """``hang``: a rank alive outside any collective while its peers waited, at the frame it was stuck. Its
-    stack was taken before anything was killed."""
+    """``hang``: a rank alive outside any collective while its peers waited, at the frame it was stuck (of
+    several, the one the stall snapshot saw the others blocked on). Its stack was taken before anything was
+    killed."""
     outside = sorted((f for f in ctx.alive if f.in_collective is False), key=lambda f: f.rank)
+    stall = ctx.evidence.stall
+    holder = stall.holder if stall is not None else None
+    outside.sort(key=lambda f: f.rank != holder)  # the rank the other blocked ranks waited on (core/blocked.py)
     return rank_verdict(ctx, outside[0], "") if outside else None
 
 
 def outside_collective_at_stall(ctx: Context) -> Diagnosis | None:
     """``hang``: the rank the stall snapshot saw outside any collective while its peers waited in one, at the
-    frame it was then. The snapshot was taken while every rank was still stuck, before any watchdog or
+    frame it was then; of several, the one the others were blocked on (a lock it held: core/blocked.py). The
+    snapshot was taken while every rank was still stuck, before any watchdog or
     teardown; the culprit has since died, been stopped or entered the collective late (core/stall.py)."""
     stall = ctx.evidence.stall
     if stall is None or not stall.waiting:
         return None
-    outside = sorted(r.rank for r in stall.outside if r.rank in ctx.findings)
+    outside = [r for r in stall.holders_first() if r in ctx.findings]
     return rank_verdict(ctx, ctx.findings[outside[0]], "") if outside else None
 
 

@@ -12,7 +12,7 @@ from elastic_diag.core.context import Context
 from elastic_diag.core.evidence import AttemptEvidence, RankEvidence
 from elastic_diag.core.findings import RankFinding
 from elastic_diag.core.flight_recorder import Divergence
-from elastic_diag.core.stall import stall_line
+from elastic_diag.core.stall import blocked_text, stall_line
 from elastic_diag.core.taxonomy import Signature
 from elastic_diag.core.verdict import MAX_EVIDENCE_LINES, Diagnosis, Role, format_ranks, ranks_phrase, were
 
@@ -300,6 +300,9 @@ def _summary(
         summary += ", while its peers waited (seen there by the stall snapshot, before any teardown)."
     else:
         summary += "."
+    stall = ctx.evidence.stall
+    if cls == "hang" and stall is not None and (blocked := blocked_text(stall, ev.rank)) is not None:
+        summary += f" At the stall snapshot {blocked}."
     if initiating.own and initiating.printed and initiating.time is not None:
         lead = _lead(ctx, initiating)
         if initiating.state == "alive":

@@ -24,6 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any
 
+from elastic_diag.core.blocked import Blocked, blocked_from_json, blocked_to_json, holding_rank
 from elastic_diag.core.stacks import StackDump
 from elastic_diag.core.values import as_seconds
 from elastic_diag.core.verdict import format_ranks
@@ -43,6 +44,7 @@ class StallRank:
     where: str | None = None  # its main thread's innermost frame in the user's code
     collective: str | None = None  # the collective it waited in, from its flight recorder ("all_reduce #12")
     beacon: bool | None = None
+    blocked: Blocked | None = None  # what its main thread was blocked on, for a rank outside the collective
     stack: StackDump | None = None  # loaded from the snapshot's files (not in stall.json)
 
 
@@ -82,6 +84,18 @@ class StallRecord:
     def rank(self, rank: int) -> StallRank | None:
         return next((r for r in self.ranks if r.rank == rank), None)
 
+    @property
+    def holder(self) -> int | None:
+        """The rank outside the collective that the other blocked ranks waited on (a lock it held, a pipe
+        it was to write), following the chain; None when no blocked rank waited on another rank."""
+        return holding_rank({r.rank: r.blocked for r in self.outside})
+
+    def holders_first(self) -> tuple[int, ...]:
+        """The ranks outside the collective, the one holding the others up first."""
+        ranks = sorted(r.rank for r in self.outside)
+        holder = self.holder
+        return tuple([holder] + [r for r in ranks if r != holder]) if holder in ranks else tuple(ranks)
+
     def ended(self, at: float, outcome: str) -> StallRecord:
         return replace(self, ended_at=at, outcome=outcome)
 
@@ -103,7 +117,11 @@ def _holders(record: StallRecord) -> str:
     parts = []
     for r in record.outside:
         where = short_where(r.where)
-        parts.append(f"rank {r.rank}" + (f" at {where}" if where else ""))
+        parts.append(
+            f"rank {r.rank}"
+            + (f" at {where}" if where else "")
+            + (f", which {r.blocked.describe(r.rank)}" if r.blocked is not None else "")
+        )
     return "; ".join(parts)
 
 
@@ -128,7 +146,21 @@ def stall_summary(record: StallRecord) -> str:
             text += f" (no stack: {record.snapshot})"
         elif r.beacon is False:
             text += " (its beacon was silent: the GIL held in native code; stack from faulthandler)"
-        return text + f"; rank{'s' if len(waiting) > 1 else ''} {waited} {waited_in}"
+        blocked = blocked_text(record, r.rank)
+        return (
+            text
+            + f"; rank{'s' if len(waiting) > 1 else ''} {waited} {waited_in}"
+            + (f" ({blocked})" if blocked else "")
+        )
+    holder = record.holder
+    if holder is not None:
+        held = record.rank(holder)
+        where = short_where(held.where) if held is not None else None
+        return (
+            f"rank {holder} held its peers {how_long}"
+            + (f" at {where}" if where else "")
+            + f" ({blocked_text(record, holder)}); rank{'s' if len(waiting) > 1 else ''} {waited} {waited_in}"
+        )
     if outside:
         return (f"ranks {format_ranks([r.rank for r in outside])} held their peers {how_long} ({_holders(record)}); "
                 f"rank{'s' if len(waiting) > 1 else ''} {waited} {waited_in}")  # fmt: skip
@@ -139,7 +171,7 @@ def stall_summary(record: StallRecord) -> str:
 def stall_warning(record: StallRecord, attempt: int) -> dict[str, Any]:
     """The warning of a stall the job got over (report.json ``warnings``, class ``stall``)."""
     outside = record.outside
-    holder = outside[0] if len(outside) == 1 else None
+    holder = outside[0] if len(outside) == 1 else record.rank(record.holder) if record.holder is not None else None
     return {
         "class": "stall",
         "rank": holder.rank if holder is not None else None,
@@ -161,9 +193,22 @@ def stall_line(record: StallRecord, rank: int) -> str | None:
     waited = record.waiting
     what = ", ".join(sorted({w.collective for w in waited if w.collective})) or "a collective"
     where = f" at {r.where}" if r.where else ""
-    return (f"elastic_diag stall snapshot {_seconds(stalled)} after the last progress: rank {rank} outside any "
+    line = (f"elastic_diag stall snapshot {_seconds(stalled)} after the last progress: rank {rank} outside any "
             f"collective{where} while rank{'s' if len(waited) > 1 else ''} {format_ranks([w.rank for w in waited])} "
             f"waited in {what}")  # fmt: skip
+    return line + (f"; {blocked_text(record, rank)}" if blocked_text(record, rank) else "")
+
+
+def blocked_text(record: StallRecord, rank: int) -> str | None:
+    """``rank 2 waited for its child process 4242 (ffmpeg ...); rank 1 waited for the lock on x.lock held by
+    rank 2 (pid 4100)``: what the kernel showed ``rank`` and the ranks that waited on it blocked on."""
+    r = record.rank(rank)
+    if r is None or r.blocked is None:
+        return None
+    parts = [f"rank {rank} {r.blocked.describe(rank)}"]
+    parts += [f"rank {o.rank} {o.blocked.describe(o.rank)}" for o in record.outside
+              if o.rank != rank and o.blocked is not None and o.blocked.holder_rank == rank]  # fmt: skip
+    return "; ".join(parts)
 
 
 # --- stall.json --------------------------------------------------------------------------------------
@@ -193,6 +238,7 @@ def stall_to_json(record: StallRecord) -> dict[str, Any]:
                 "where": r.where,
                 "collective": r.collective,
                 "beacon": r.beacon,
+                "blocked": blocked_to_json(r.blocked) if r.blocked is not None else None,
             }
             for r in record.ranks
         ],  # fmt: skip
@@ -218,6 +264,7 @@ def stall_from_json(data: Any, stacks: dict[int, StackDump] | None = None) -> St
             where=str(r["where"]) if r.get("where") else None,
             collective=str(r["collective"]) if r.get("collective") else None,
             beacon=beacon if isinstance(beacon, bool) else None, stack=(stacks or {}).get(r["rank"]),
+            blocked=blocked_from_json(r.get("blocked")),
         ))  # fmt: skip
     return StallRecord(
         number=data["stall"], node=str(data.get("node") or ""), since=since, detected_at=detected,
