@@ -30,10 +30,20 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, config: p
         terminalreporter.write_line(f"analyzer fixtures: {len(scores)} logs, culprit right {rank} "
                                     f"({100 * rank / len(scores):.0f}%), class right {cls} "
                                     f"({100 * cls / len(scores):.0f}%)")  # fmt: skip
-        for line in added_fixture_lines(scores):
+        for line in added_fixture_lines(scores) + family_lines(scores):
             terminalreporter.write_line(line)
     if not hasattr(config, "workerinput"):
         _parity_summary(terminalreporter)
+
+
+def family_lines(scores: list[list[object]]) -> list[str]:
+    """Per failure family, every fixture of it (whichever issue added it): how many, and the score now."""
+    fams: dict[str, list[list[object]]] = {}
+    for s in scores:
+        if len(s) > 3 and s[3]:
+            fams.setdefault(str(s[3]), []).append(s)
+    return [f"  family {fam}: {len(rows)} logs in all, culprit {sum(1 for s in rows if s[0])}, class "
+            f"{sum(1 for s in rows if s[1])}" for fam, rows in sorted(fams.items())]  # fmt: skip
 
 
 def added_fixture_lines(scores: list[list[object]]) -> list[str]:

@@ -148,6 +148,8 @@ def nothing_failed(ctx: Context) -> Diagnosis | None:
     if ctx.failing or ev.unranked or any(r.flight_record is not None or r.failed for r in ev.ranks):
         return None
     unknown: dict[int, Role] = {r: "unknown" for r in ctx.findings}
+    if (died := _unranked_signal_exit(ctx)) is not None:
+        return died
     if ev.failure_lines:
         lines = ev.failure_lines[:MAX_EVIDENCE_LINES]
         return Diagnosis(
@@ -175,6 +177,34 @@ def nothing_failed(ctx: Context) -> Diagnosis | None:
         summary=f"No rank reported an error in these logs, and the run ended well ({ev.completions[0][:200]}).",
         evidence=ev.completions[:2],
         roles={r: "healthy" for r in ctx.findings},
+    )
+
+
+def _unranked_signal_exit(ctx: Context) -> Diagnosis | None:
+    """A launcher's line says a worker died by a signal but names no global rank (DeepSpeed's "exits with
+    return code = -7" names the last process it started, whichever died; no rank mapping printed): the class
+    of that signal, no rank."""
+    exits = [e for e in ctx.evidence.launcher_exits if e.rank is None and e.exit_code not in (0, None)]
+    codes = {e.exit_code for e in exits}
+    if len(codes) != 1:
+        return None
+    name = exits[0].signal or f"exit status {exits[0].exit_code}"
+    sig = ctx.taxonomy.for_signal(name) if exits[0].signal else ctx.taxonomy.get("silent-exit")
+    if sig is None:
+        return None
+    text = next((line for line in ctx.evidence.failure_lines if str(exits[0].exit_code) in line), exits[0].text)
+    return Diagnosis(
+        failure_class=sig.failure_class,
+        signature_id=sig.id,
+        summary=(f"A worker {'died by' if exits[0].signal else 'exited with'} {name} (the launcher's line: exit "
+                 f"status {exits[0].exit_code}), but no line "
+                 "says which rank it was: the launcher's line names the last process it started, not the one that "
+                 "died, and no rank's own output is in these files. Add every rank's output to name it."),
+        evidence=tuple(t[-300:] for t in (text,) if t),
+        fix=sig.fix,
+        verify=sig.verify,
+        retryable=sig.retryable,
+        roles={r: "unknown" for r in ctx.findings},
     )
 
 
@@ -254,12 +284,23 @@ def _unranked_cause(ctx: Context) -> tuple[Signature, str] | None:
     return sig, text
 
 
+def _repeated_unranked_cause(ctx: Context) -> bool:
+    """The one cause that lines belonging to no rank show was printed more than once, word for word: by as
+    many processes (each rank prints its own copy; a rank's own log handlers do not print a traceback's
+    last line twice)."""
+    told = _unranked_cause(ctx)
+    return told is not None and sum(line.text == told[1] for line in ctx.evidence.unranked) >= 2
+
+
 def same_failure_everywhere(ctx: Context) -> Diagnosis | None:
     """No rank (``initiating_rank`` null, ``all_ranks`` true), the shared class and exception: every rank failed
     on its own the same way (numbers that differ by rank, like a shard's, do not count): an import error, a
     bad config, a missing file. Picking the earliest would blame a rank for the job's code."""
     findings = list(ctx.findings.values())
-    if len(findings) < 2 or not all(f.own for f in findings):
+    # one process's exit known (a table cut to its first failure), the others' only by the same error line
+    # that each printed without a rank prefix (the interpreter's "can't open file", an import error)
+    printed_by_each = len(findings) == 1 and findings[0].exception is None and _repeated_unranked_cause(ctx)
+    if (len(findings) < 2 and not printed_by_each) or not all(f.own for f in findings):
         return None
     # ranks known only by their exits (a failure table, a log cut before their lines): those exits compared
     told = [f for f in findings if f.failure_class != "silent_exit" or f.exception is not None] or findings

@@ -311,7 +311,8 @@ def parse_failed_line(text: str) -> tuple[int, int, int] | None:
 # --- DeepSpeed launcher -----------------------------------------------------------------------------
 
 _DS_MAPPING = re.compile(r"global_rank_mapping=(?:defaultdict\(<class 'list'>, )?(?P<map>\{.*\})")
-_DS_EXIT = re.compile(r"--local_rank=(?P<local>\d+)'.*\] exits with return code = (?P<code>-?\d+)")
+# the command DeepSpeed prints is often wrapped over several lines in a paste: then only the code is known
+_DS_EXIT = re.compile(r"(?:--local_rank=(?P<local>\d+)'.*)?\] exits with return code = (?P<code>-?\d+)")
 
 
 # --- TORCH_DISTRIBUTED_DEBUG=DETAIL's fingerprint check ------------------------------------------------
@@ -387,10 +388,11 @@ def parse_deepspeed_mapping(text: str) -> dict[str, list[int]] | None:
     return out or None
 
 
-def parse_deepspeed_exit(text: str) -> tuple[int, int] | None:
-    """DeepSpeed's ``[... '--local_rank=3' ...] exits with return code = -9``: (local rank, code)."""
+def parse_deepspeed_exit(text: str) -> tuple[int | None, int] | None:
+    """DeepSpeed's ``[... '--local_rank=3' ...] exits with return code = -9``: (local rank, code); the local
+    rank None when the command was wrapped onto lines of its own."""
     m = _DS_EXIT.search(text)
-    return (int(m["local"]), int(m["code"])) if m else None
+    return (int(m["local"]) if m["local"] else None, int(m["code"])) if m else None
 
 
 # --- the end of a run, read from its logs ----------------------------------------------------------

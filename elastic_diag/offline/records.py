@@ -64,7 +64,8 @@ class LogRead:
     # lines that say a rank-local phase began (saving a checkpoint, evaluating), the last few
     phase_lines: deque[LogLine] = field(default_factory=lambda: deque(maxlen=PHASE_LINES))
     pid_lines: list[tuple[int, LogLine]] = field(default_factory=list)  # error lines known only by a pid
-    ds_exits: list[tuple[str | None, int, int]] = field(default_factory=list)  # DeepSpeed: (host, local rank, exit)
+    # DeepSpeed: (host, local rank or None, exit)
+    ds_exits: list[tuple[str | None, int | None, int]] = field(default_factory=list)
     launcher_exits: list[tuple[int, int, str]] = field(default_factory=list)  # others: (global rank, exit, launcher)
     failure_lines: list[str] = field(default_factory=list)  # lines that show a failure (the first few)
     completion_lines: list[str] = field(default_factory=list)  # lines that say the run ended well
@@ -91,9 +92,11 @@ class LogRead:
         exits: list[LauncherExit] = [_summary_exit(f) for f in self.summary_failures]
         for host, local, code in self.ds_exits:
             mapped = self.ds_mapping.get(host or "", [])
-            if local < len(mapped):
-                exits.append(LauncherExit(exit_code=code, launcher="deepspeed", rank=mapped[local], local_rank=local,
-                                          host=host))  # fmt: skip
+            # without the mapping the local rank is kept, no global rank: DeepSpeed's line names the last process
+            # it started, whichever failed
+            rank = mapped[local] if local is not None and local < len(mapped) else None
+            exits.append(LauncherExit(exit_code=code, launcher="deepspeed", rank=rank, local_rank=local,
+                                      host=host))  # fmt: skip
         exits += [
             LauncherExit(exit_code=code, launcher=name, rank=rank)  # type: ignore[arg-type]
             for rank, code, name in self.launcher_exits
