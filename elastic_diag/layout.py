@@ -54,6 +54,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from elastic_diag.core.calls import RankCalls
     from elastic_diag.core.evidence import AttemptEvidence, ErrorLine, LogLine, RankEvidence
     from elastic_diag.core.exceptions import ExceptionRecord
     from elastic_diag.core.flight_recorder import RankRecord
@@ -79,6 +80,8 @@ STACKS_FILE = "stacks.txt"
 WORKER_FILE = "worker.json"
 PROGRESS_FILE = "progress.json"
 FR_FILE = "fr_trace.json"
+CALLS_FILE = "calls.json"  # the roots and peers of its collective calls, its new_group calls (worker/calls.py)
+CALLS_MAX_BYTES = 4 << 20
 NCCL_TRACE_PREFIX = "nccl_trace_rank_"
 NONFINITE_FILE = "nonfinite.json"
 DUMP_REQUEST_FILE = "dump.request"
@@ -98,8 +101,9 @@ ENVIRONMENT_FILE = (
 )
 
 # a rank folder reused (the same --diag-dir again) starts without the last run's records
-STALE_FILES = (EXCEPTION_FILE, ERROR_FILE, STACKS_FILE, PROGRESS_FILE, FR_FILE, NONFINITE_FILE, DUMP_REQUEST_FILE,
-               DUMP_DONE_FILE, DUMP_WAKE_FILE, PYSPY_FILE, THREAD_EXCEPTION_FILE, FIRST_ERROR_FILE)  # fmt: skip
+STALE_FILES = (EXCEPTION_FILE, ERROR_FILE, STACKS_FILE, PROGRESS_FILE, FR_FILE, CALLS_FILE, NONFINITE_FILE,
+               DUMP_REQUEST_FILE, DUMP_DONE_FILE, DUMP_WAKE_FILE, PYSPY_FILE, THREAD_EXCEPTION_FILE,
+               FIRST_ERROR_FILE)  # fmt: skip
 
 
 def attempt_dir_name(attempt: int) -> str:
@@ -400,6 +404,13 @@ def load_flight_record(path: Path, rank: int | None, max_bytes: int = FR_MAX_BYT
         return FlightRecordRead(problem=f"not a usable flight-recorder dump ({str(e)[:200]})")
 
 
+def read_calls(rank_dir: Path) -> RankCalls | None:
+    """The rank's ``calls.json`` (worker/calls.py), or None."""
+    from elastic_diag.core.calls import calls_from_json
+
+    return calls_from_json(read_json(rank_dir / CALLS_FILE, CALLS_MAX_BYTES))
+
+
 def read_flight_record(rank_dir: Path, rank: int) -> tuple[RankRecord | None, str | None]:
     """The rank's flight-recorder dump (``fr_trace.json``, else NCCL's own) and, when it cannot be used, why."""
     path = rank_dir / FR_FILE
@@ -624,6 +635,7 @@ def _rank_evidence(
         stack=parse_stack_dump(stack_text) if stack_text else None,
         evidence_dir=str(rank_dir),
         flight_record=record,
+        calls=read_calls(rank_dir),
         nonfinite=read_nonfinite(rank_dir),
         progress=read_progress(rank_dir / PROGRESS_FILE),
         error_line=read_error_line(rank_dir),

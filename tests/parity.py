@@ -67,6 +67,8 @@ _RECORDS = ("the verdict rests on the ranks' flight recorders (which collective 
             "connections")  # fmt: skip
 _NONFINITE = ("the verdict rests on the beacon's record of each rank's first non-finite loss: a console shows only "
               "that every rank found the averaged values non-finite")  # fmt: skip
+_CALLS = ("the verdict rests on the roots and peers each rank's beacon recorded (calls.json): a console shows only "
+          "the ranks' collective timeouts")  # fmt: skip
 _NO_RANK_FOLDER = "the launch failed before any rank started: there is no rank folder, only the report"
 DOCUMENTED: dict[str, dict[str, str]] = {
     **{f"train_ddp.py --inject {kind}": {"console": _STACKS}
@@ -84,6 +86,9 @@ DOCUMENTED: dict[str, dict[str, str]] = {
     **{script: {"console": _RECORDS} for script in ("all_gather_into_tensor_bank.py", "allgather_ragged_eval.py",
                                                       "allreduce_metric_dtype.py", "broadcast_vocab_stale.py",
                                                       "reduce_scatter_shard_size.py")},
+    **{script: {"console": _CALLS} for script in ("broadcast_best_checkpoint_src.py", "gather_counts_logger_rank.py",
+                                                    "broadcast_object_list_two_sources.py",
+                                                    "pipeline_skips_empty_send.py")},
     "python -c": {"console": "the Python API prints no failure table: a console does not show the ranks' exits"},
     "tests/launch/test_launcher_matrix.py::test_unusable_evidence_folder_degrades_to_plain_torchrun": {
         "rank_folders": "the evidence folder could not be written: no rank folder"},

@@ -201,6 +201,25 @@ CASES: list[Scenario] = [
     Scenario("broadcast_vocab_stale.py", 3, 2, "collective_mismatch", None, "schedule_parted"),
     Scenario("all_to_all_expert_splits.py", 3, 2, "collective_mismatch", "RuntimeError", "own_failure_first"),
     Scenario("scatter_gather_then_hang.py", 3, 1, "hang", None, "alive_outside_collective"),
+    # -- a collective called with another root, a new_group skipped, sends and receives that do not pair:
+    # the flight recorder shows the same entries on every rank; the beacon's record of roots, peers and groups
+    # (calls.json) tells ------------------------------------------------------------------------------
+    Scenario("broadcast_best_checkpoint_src.py", 3, 2, "collective_desync", None, "calls_differ",
+             check=_summary_has("did not join the others' broadcast", "rank 2 called broadcast with root 2")),
+    Scenario("gather_counts_logger_rank.py", 3, 1, "collective_desync", None, "calls_differ",
+             check=_summary_has("did not join the others' gather", "passed another root")),
+    Scenario("new_group_member_only.py", 3, 2, "collective_desync", None, "calls_differ",
+             check=_summary_has("did not join the others' new_group call #1", "ranks 0, 1 called new_group([0, 1])")),
+    Scenario("broadcast_object_list_two_sources.py", 2, None, "collective_desync", None, "calls_differ",
+             check=_summary_has("no majority", "rank 0 called broadcast with root 0",
+                                "rank 1 called broadcast with root 1")),
+    Scenario("pipeline_skips_empty_send.py", 3, None, "collective_desync", None, "calls_differ",
+             check=_summary_has("do not pair", "rank 1 called send(dst=2) 2 time(s)", "recv(src=1) 3 time(s)",
+                                "No single rank")),
+    *(Scenario(script, nproc, None, "healthy", returncode=0, env={"SCENARIO_FAIL_RANK": "-1"})
+      for script, nproc in (("broadcast_best_checkpoint_src.py", 2), ("gather_counts_logger_rank.py", 2),
+                            ("new_group_member_only.py", 3), ("broadcast_object_list_two_sources.py", 2),
+                            ("pipeline_skips_empty_send.py", 3))),
     Scenario("two_ranks_gather_mismatch.py", 2, None, "collective_mismatch", None, "schedules_disagree",
              check=_summary_has("no majority")),
     Scenario("pipeline_send_shape.py", 2, None, "collective_mismatch", None, "no_rank_named",

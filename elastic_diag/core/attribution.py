@@ -29,6 +29,7 @@ from collections.abc import Callable
 from dataclasses import replace
 
 from elastic_diag.core.busy import busy_while_peers_waited, waited_for_main_process
+from elastic_diag.core.calls import compare_calls
 from elastic_diag.core.context import Context, Rule, Vote, build_context
 from elastic_diag.core.evidence import AttemptEvidence
 from elastic_diag.core.findings import RankFinding
@@ -196,10 +197,12 @@ def _unranked_signal_exit(ctx: Context) -> Diagnosis | None:
     return Diagnosis(
         failure_class=sig.failure_class,
         signature_id=sig.id,
-        summary=(f"A worker {'died by' if exits[0].signal else 'exited with'} {name} (the launcher's line: exit "
-                 f"status {exits[0].exit_code}), but no line "
-                 "says which rank it was: the launcher's line names the last process it started, not the one that "
-                 "died, and no rank's own output is in these files. Add every rank's output to name it."),
+        summary=(
+            f"A worker {'died by' if exits[0].signal else 'exited with'} {name} (the launcher's line: exit "
+            f"status {exits[0].exit_code}), but no line "
+            "says which rank it was: the launcher's line names the last process it started, not the one that "
+            "died, and no rank's own output is in these files. Add every rank's output to name it."
+        ),
         evidence=tuple(t[-300:] for t in (text,) if t),
         fix=sig.fix,
         verify=sig.verify,
@@ -462,6 +465,30 @@ def _section_of(text: str, rank: int) -> str | None:
     return None
 
 
+def calls_differ(ctx: Context) -> Diagnosis | None:
+    """``collective_desync`` where the ranks' own records of their calls (``calls.json``, core/calls.py)
+    differ while their flight recorders look alike: another root in a broadcast, reduce, gather or scatter,
+    or another ``new_group`` call, names the rank(s) in the minority; with no majority, or sends and receives
+    that do not pair, no rank is named and both sides are said."""
+    if not ctx.failing:
+        return None
+    split = compare_calls({ev.rank: ev.calls for ev in ctx.evidence.ranks if ev.calls is not None})
+    if split is None:
+        return None
+    sig = ctx.taxonomy.get("collective-call-differs")
+    text = split.summary[:1].upper() + split.summary[1:] + "."
+    lines = (f"elastic_diag: {split.summary}", *split.lines)
+    if len(split.ranks) == 1:
+        rank = split.ranks[0]
+        roles = roles_around(rank, ctx.findings)
+        collateral = sorted(r for r, role in roles.items() if role == "collateral")
+        if collateral:
+            text += f" {ranks_phrase(collateral)} then failed in the collectives that no longer matched."
+        return named_verdict(sig, "collective_desync", ctx.ev(rank), text, list(lines), roles)
+    return unattributed(sig, "collective_desync", text + " No single rank can be named.", lines,
+                        {r: "unknown" for r in ctx.findings})  # fmt: skip
+
+
 def schedule_parted(ctx: Context) -> Diagnosis | None:
     """``collective_desync`` / ``collective_mismatch`` on the one rank whose flight recorder parts from the
     majority's: with no rank failed on its own, the first collective where one rank issued another op (a
@@ -659,6 +686,7 @@ RULES: tuple[Rule, ...] = (
     same_failure_everywhere,
     own_failure_first,
     named_in_exception,
+    calls_differ,
     schedule_parted,
     named_by_peers,
     missing_from_collective,

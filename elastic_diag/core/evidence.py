@@ -22,6 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from elastic_diag.core.calls import RankCalls
 from elastic_diag.core.exceptions import ExceptionRecord
 from elastic_diag.core.flight_recorder import RankRecord
 from elastic_diag.core.progress import KernelEvidence, NonFinite, Progress
@@ -154,6 +155,7 @@ class RankEvidence:
     evidence_dir: str | None = None
     notes: tuple[str, ...] = field(default=())
     flight_record: RankRecord | None = None
+    calls: RankCalls | None = None  # the roots, peers and groups of its collective calls (core/calls.py)
     nonfinite: NonFinite | None = None  # the first non-finite loss this rank backpropagated
     progress: Progress | None = None  # its progress beacon's last record
     error_line: ErrorLine | None = None  # the first error of its own it printed (the launcher's line clock)

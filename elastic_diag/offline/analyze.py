@@ -392,6 +392,8 @@ class Analyzer:
         parsed = self.parse(raw)
         text = parsed.text.strip()
         if self._own_summary(text):
+            if text.startswith("rank ") and "_group call #" in text:
+                self.facts.call_lines.append(text[:2000])  # a fact its verdict printed: rank R's new_group call
             return
         if len(self.facts.failure_lines) < MAX_FAILURE_LINES and failure_evidence(text):
             self.facts.failure_lines.append(text[:2000])

@@ -13,9 +13,10 @@ Plain data, no I/O.
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
+from elastic_diag.core.calls import calls_from_lines
 from elastic_diag.core.evidence import AttemptEvidence, LauncherExit, LogLine, RankEvidence
 from elastic_diag.core.exceptions import ExceptionRecord
 from elastic_diag.core.log_lines import EXC_LINE, SummaryFailure
@@ -27,6 +28,8 @@ SCHEMA = ANALYSIS_SCHEMA
 TAIL_LINES = 20
 PHASE_LINES = 32
 MAX_FAILURE_LINES = 8
+
+MAX_CALL_LINES = 64  # the fact lines of the ranks' calls read from one console
 
 
 @dataclass(slots=True)
@@ -71,6 +74,7 @@ class LogRead:
     completion_lines: list[str] = field(default_factory=list)  # lines that say the run ended well
     all_exited_ok: list[str] = field(default_factory=list)  # a launcher's word that every rank exited 0
     flight_records: dict[int, Any] = field(default_factory=dict)  # rank -> RankRecord
+    call_lines: list[str] = field(default_factory=list)  # torchrun-diag's printed facts of the ranks' calls
 
     def rank(self, r: int) -> RankLines:
         if r not in self.ranks:
@@ -108,10 +112,14 @@ class LogRead:
             if e.rank is not None:
                 self.rank(e.rank)
         records = self.flight_records
+        calls = calls_from_lines(self.call_lines[:MAX_CALL_LINES]) if self.call_lines else {}
+        for r in calls:
+            self.rank(r)
         ranks: list[RankEvidence] = []
         for r in sorted(self.ranks):
             ev = self.ranks[r].evidence()
-            ranks.append(ev if r not in records else _with_record(ev, records[r]))
+            ev = ev if r not in records else _with_record(ev, records[r])
+            ranks.append(ev if r not in calls else replace(ev, calls=calls[r]))
         for r in sorted(set(records) - set(self.ranks)):
             ranks.append(RankEvidence(rank=r, local_rank=r, node="", flight_record=records[r]))
         return AttemptEvidence(
@@ -128,8 +136,6 @@ class LogRead:
 
 
 def _with_record(ev: RankEvidence, record: Any) -> RankEvidence:
-    from dataclasses import replace
-
     return replace(ev, flight_record=record)
 
 

@@ -41,6 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from elastic_diag.layout import (
+    CALLS_FILE,
     DUMP_DONE_FILE,
     DUMP_REQUEST_FILE,
     DUMP_WAKE_FILE,
@@ -53,6 +54,7 @@ from elastic_diag.layout import (
     PROGRESS_FILE,
     write_atomic,
 )
+from elastic_diag.worker import calls
 
 ENV_INTERVAL = ENV_PROGRESS_INTERVAL
 DEFAULT_INTERVAL_S = 2.0  # without the launcher's setting (the bootstrap installed by hand)
@@ -80,6 +82,7 @@ class Beacon:
         self.hooks_installed = False
         self.distributed_seen = False
         self.final_dump: str | None = None
+        self.calls_installed = False  # the root and peer of each collective call (worker/calls.py)
         self.step_hook: Any = None  # the optimizer hook's handle
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self._run, name="elastic-diag-beacon", daemon=True)
@@ -131,6 +134,9 @@ class Beacon:
             self.thread_cpu_s = time.thread_time()
         if not self.hooks_installed and "torch" in sys.modules:
             self._install_torch_hooks()
+        if not self.calls_installed and "torch.distributed" in sys.modules:
+            # the bootstrap's import hook installs them first; this is for a beacon started by hand
+            self.calls_installed = os.environ.get(ENV_NO_TORCH_HOOKS, "") not in ("", "0") or calls.install()
         request = os.path.join(self.rank_dir, DUMP_REQUEST_FILE)
         if os.path.exists(request):
             self._answer_dump(request)
@@ -177,6 +183,10 @@ class Beacon:
         """The flight recorder's entries into ``fr_trace.json`` (the last dump wins), torch's JSON as it comes:
         parsed and written again, 2,000 entries (1 MB) cost 300 ms of the rank's CPU, as it is 80 ms (measured
         with python benchmarks/stall.py snapshot-cost)."""
+        if calls.installed():
+            recorded = calls.snapshot()
+            if recorded["calls"] or recorded["new_groups"]:
+                self._write(CALLS_FILE, {"reason": reason, "time": time.time(), **recorded})
         raw = fr_trace_json()
         if raw is None or len(raw) > FR_MAX_BYTES:
             return
@@ -193,7 +203,7 @@ class Beacon:
             # the health monitor stops watching a rank that is on its way out (interpreter teardown with
             # torch can take seconds, and its last snapshot may be from inside the final collective)
             self._write(PROGRESS_FILE, {**self.snapshot(), "exiting": True})
-        if self.final_dump is None and (self.distributed_seen or pg_status()):
+        if self.final_dump is None and (self.distributed_seen or pg_status() or calls.recorded()):
             self.final_dump = reason
             self.dump_flight_recorder(reason)
 

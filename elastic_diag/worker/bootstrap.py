@@ -42,6 +42,7 @@ from typing import IO, Any
 from elastic_diag import redaction
 from elastic_diag.layout import (
     ENV_BOOT_PATH,
+    ENV_NO_TORCH_HOOKS,
     ENV_RANK_DIR,
     EXCEPTION_FILE,
     STACKS_FILE,
@@ -49,7 +50,7 @@ from elastic_diag.layout import (
     WORKER_FILE,
     write_json_atomic,
 )
-from elastic_diag.worker import beacon
+from elastic_diag.worker import beacon, calls
 
 DUMP_SIGNAL = signal.SIGURG
 
@@ -216,6 +217,8 @@ def install(rank_dir: str, cpu_at_start: float | None = None) -> None:
     sys.excepthook = _excepthook
     threading.excepthook = _thread_excepthook
     b = beacon.start(rank_dir, stacks)
+    if os.environ.get(ENV_NO_TORCH_HOOKS, "") in ("", "0"):
+        calls.install_on_import()  # roots and peers of the collective calls, from the script's first call
     atexit.register(_at_exit, b)
     _write_json(
         os.path.join(rank_dir, WORKER_FILE),
