@@ -163,9 +163,14 @@ CASES: list[Scenario] = [
     Scenario("chain_save_in_except.py", 3, 1, "python_exception", "ValueError", "own_failure_first"),
     Scenario("chain_reraise_from.py", 3, 2, "python_exception", "KeyError", "own_failure_first"),
     Scenario("chain_oom_then_cleanup.py", 2, 1, "host_oom", "RuntimeError", "own_failure_first"),
+    Scenario("chain_finally_save_fails.py", 3, 2, "python_exception", "RuntimeError", "own_failure_first",
+             check=_summary_has("mat1 and mat2 shapes cannot be multiplied")),
+    # the peers' chains begin with the collective timeout (a symptom) and end in their report's failed gather
+    Scenario("chain_timeout_then_report.py", 3, 1, "python_exception", "KeyError", "own_failure_first"),
     *(Scenario(script, nproc, None, "healthy", returncode=0, env={"SCENARIO_FAIL_RANK": "-1"})
       for script, nproc in (("chain_save_in_except.py", 3), ("chain_reraise_from.py", 3),
-                            ("chain_oom_then_cleanup.py", 2))),
+                            ("chain_oom_then_cleanup.py", 2), ("chain_finally_save_fails.py", 2),
+                            ("chain_timeout_then_report.py", 2))),
     # -- host memory ----------------------------------------------------------------------------------
     Scenario("numpy_memory_error.py", 2, 1, "host_oom", "numpy._core._exceptions._ArrayMemoryError"),
     Scenario("torch_cpu_alloc.py", 2, 1, "host_oom", "RuntimeError"),
