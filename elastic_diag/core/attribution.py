@@ -701,7 +701,26 @@ RULES: tuple[Rule, ...] = (
     watchdogs_part,
     no_rank_named,
 )
-REFINEMENTS: tuple[Refinement, ...] = (stuck_together, detail_fingerprints)
+
+
+def local_coordinates(ctx: Context, verdict: Diagnosis, _: Callable[[Context], Diagnosis]) -> Diagnosis | None:
+    """A verdict that names a process the log knows only by a local index (torch's agent's ``local_rank: K``
+    with no failure table, an mp.spawn process index) says so: the index is the global rank when the job ran on
+    one node, which most such jobs do and a line may show (``--nnodes 1``, ``num_machines=1``, the agent's
+    rendezvous block); on several nodes it is rank K of the node that printed the line."""
+    rank = verdict.initiating_rank
+    if rank is None or rank not in ctx.findings or ctx.ev(rank).coordinate != "local":
+        return None
+    proof = ctx.evidence.single_node
+    note = (f" (The log names this process by its local index {rank}; the job ran on one node ({proof[:120]}), so "
+            f"that is its global rank.)" if proof else  # fmt: skip
+            f" (The log names this process only by its local index {rank}, torch's agent's local_rank or an "
+            f"mp.spawn process index, and no line shows how many nodes the job ran on: it is global rank {rank} on "
+            f"one node, else local rank {rank} of the node that printed the line.)")  # fmt: skip
+    return replace(verdict, summary=verdict.summary + note)
+
+
+REFINEMENTS: tuple[Refinement, ...] = (stuck_together, detail_fingerprints, local_coordinates)
 
 __all__ = [
     "REFINEMENTS",

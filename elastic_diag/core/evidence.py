@@ -162,6 +162,9 @@ class RankEvidence:
     thread_exception: ExceptionRecord | None = None  # the first uncaught exception of one of its threads
     kernel: KernelEvidence | None = None  # a SIGKILLed rank: what the kernel says (agent/kernel.py)
     order: int | None = None
+    # "local": the log names this process only by a local index (torch's agent's "local_rank: K", an mp.spawn
+    # process index), with no line of it under a global rank; "global" otherwise
+    coordinate: str = "global"
     exit_seen: bool = True  # False: no launcher told its exit; ``exit_code`` was inferred from its lines
 
     @property
@@ -280,6 +283,7 @@ class AttemptEvidence:
     phases: tuple[LogLine, ...] = ()
     completions: tuple[str, ...] = ()
     failure_lines: tuple[str, ...] = ()
+    single_node: str | None = None  # a line that shows the job ran on one node (local ranks are global ones)
     signalled_unknown: int = 0  # processes torch's agent sent a closing signal that no line ties to a rank
 
     def rank(self, rank: int) -> RankEvidence | None:

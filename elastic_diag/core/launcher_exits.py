@@ -90,9 +90,14 @@ def exits_from_launchers(evidence: AttemptEvidence, taxonomy: Taxonomy) -> Attem
         for e in exits:
             if e.launcher != "torch-agent" or e.local_rank is None:
                 continue
-            ev = ranks.get(e.local_rank) or _empty(e.local_rank)
+            rank = e.rank if e.rank is not None else e.local_rank  # a row of torchrun's table maps it
+            known = ranks.get(rank)
+            ev = known or _empty(rank)
             if ev.exit_code is None:
-                ranks[e.local_rank] = replace(ev, exit_code=e.exit_code, pid=e.pid)
+                # a process the log knows by no other line is known only by its local rank
+                local = known is None and e.rank is None
+                ranks[rank] = replace(ev, exit_code=e.exit_code, pid=e.pid,
+                                      coordinate="local" if local else ev.coordinate)  # fmt: skip
     if any(e.exit_code not in (*_BY_SIGNAL, None) for e in summary):
         for e in summary:
             if e.rank is not None and e.exit_code == -signal.SIGTERM and e.rank in ranks:

@@ -482,3 +482,24 @@ def signatures_of(text: str, taxonomy: Taxonomy) -> list[Signature]:
     if any(sig.id == GENERIC_EXCEPTION for sig in found) and not EXC_LINE.match(text):
         found = [sig for sig in found if sig.id != GENERIC_EXCEPTION]
     return found
+
+
+# what shows that a job ran on one node, so that a local rank is the global one: detectron2's and others'
+# printed arguments, torchrun's flags or its agent's rendezvous block (one entry per local worker, each with
+# the whole world's size: as many entries as the world has ranks)
+_SINGLE_NODE = re.compile(
+    r"\bnum_machines[=:]\s*1\b|\bnum_nodes[=:]\s*1\b|\bnnodes[=:]\s*1(?::1)?\b|--nnodes[= ]1(?::1)?\b|--standalone\b"
+    r"|global_world_sizes=\[(?P<sizes>[\d, ]+)\]"
+)
+
+
+def single_node_line(text: str) -> str | None:
+    """The line, cut, when it shows the job ran on one node; else None."""
+    m = _SINGLE_NODE.search(text)
+    if m is None:
+        return None
+    if m["sizes"] is not None:
+        sizes = [int(v) for v in m["sizes"].replace(" ", "").split(",") if v]
+        if not sizes or len(set(sizes)) != 1 or sizes[0] != len(sizes):
+            return None
+    return text[:300]

@@ -37,6 +37,7 @@ from elastic_diag.core.log_lines import (
     parse_launcher_exit,
     parse_line,
     rank_from_path,
+    single_node_line,
 )
 from elastic_diag.core.taxonomy import Taxonomy, load_taxonomy
 from elastic_diag.core.verdict import Diagnosis, format_ranks
@@ -407,10 +408,17 @@ class Analyzer:
         if launcher_exit is not None:
             self.facts.launcher_exits.append(launcher_exit)
         rank = self.resolver.line_rank(parsed, text, file_rank)
+        if rank is not None:
+            self.facts.global_ranks.add(rank)
         if (block := _SPAWN_BLOCK.search(text)) is not None:
             self._block_rank = int(block["rank"])  # the traceback after it is that process's
+            self.facts.rank(self._block_rank).local_seen = True
         elif rank is None:
             rank = self._block_rank
+        if self.facts.single_node is None and (proof := single_node_line(text)) is not None:
+            self.facts.single_node = proof
+        if "(local_rank:" in text and (row := _TABLE_ROW.match(text)) is not None:
+            self.facts.table_ranks.setdefault(int(row["local"]), int(row["rank"]))
         self.resolver.record_mappings(parsed, text, rank)
         self._order += 1
         source = self.facts.files[idx]
@@ -427,7 +435,10 @@ class Analyzer:
             groups = m.groupdict()
             if groups.get("rank") or groups.get("pid"):  # ABOUT another process: a kernel OOM line, srun's task N
                 if groups.get("rank"):
-                    self.facts.rank(int(groups["rank"])).lines.append(line(sig.id))
+                    about = self.facts.rank(int(groups["rank"]))
+                    about.lines.append(line(sig.id))
+                    if "terminated with" in text:  # mp.spawn's "process 3 terminated with signal": an index
+                        about.local_seen = True
                 else:
                     self.facts.pid_lines.append((int(groups["pid"]), line(sig.id)))
             else:
@@ -595,6 +606,7 @@ _OWN_SUMMARY = re.compile(r"^elastic_diag: job (?:FAILED|succeeded|STOPPED)\b")
 _OWN_SUMMARY_END = re.compile(r"^evidence: .*\(report: .*; page: .*\)$")
 # torch.multiprocessing.spawn's ProcessRaisedException: "-- Process 1 terminated with the following error:",
 # then that process's traceback, without prefixes (its index is its rank)
+_TABLE_ROW = re.compile(r"^rank\s*:\s*(?P<rank>\d+)\s*\(local_rank:\s*(?P<local>\d+)\)")  # torchrun's table
 _SPAWN_BLOCK = re.compile(r"^-- Process (?P<rank>\d+) terminated with the following error")
 # a rank-local phase beginning: a checkpoint save, an evaluation (what one rank's path alone may do)
 _PHASE = re.compile(r"\b(?:[Ss]aving (?:model )?(?:checkpoint|model|state|weights)|[Ee]valuating|Running [Ee]valuation|"

@@ -30,7 +30,8 @@ ANCHORS = (b"rror", b"xception", b"NCCL WARN", b"atchdog", b"imed out", b"Killed
            b"ailed : ", b"aving ", b"valuat", b"alidat", b"elastic_diag: job ", b"; page: ", b"CudaCheck",
            b"okeniz", b"Map: ", b"Map (num_proc", b"rouping texts", b"ain_process_first", b"zero_first",
            b"enerating train split", b"emory allocation of", b"bad_alloc",
-           b"_group call #")  # fmt: skip
+           b"_group call #", b"num_machines", b"world_sizes=", b"nnodes", b"--standalone",
+           b"(local_rank:")  # fmt: skip
 # An anchor directly followed by one of these bytes does not count: ``error_rate=0.01``, NCCL's
 # ``dlerror=libnccl-net.so`` and other names that hold "error" are what healthy runs print.
 NOT_FOLLOWED_BY = {b"rror": b"_="}

@@ -44,11 +44,14 @@ class RankLines:
     last_lines: deque[str] = field(default_factory=lambda: deque(maxlen=TAIL_LINES))
     printed: int = 0  # chunks it printed something in (a rank that printed anything is one of the job's)
     pid: int | None = None
+    global_seen: bool = False  # a line of it carried a global rank (a prefix, its file, torchrun's table)
+    local_seen: bool = False  # a line named it by a local index only (an mp.spawn process index)
 
     def evidence(self) -> RankEvidence:
         return RankEvidence(rank=self.rank, local_rank=self.rank, node=self.node or "", pid=self.pid,
                             exception=self.exception, stderr_tail=tuple(self.last_lines), lines=tuple(self.lines),
-                            order=min((line.order for line in self.lines), default=None))  # fmt: skip
+                            order=min((line.order for line in self.lines), default=None),
+                            coordinate="local" if self.local_seen and not self.global_seen else "global")  # fmt: skip
 
 
 @dataclass(slots=True)
@@ -75,6 +78,9 @@ class LogRead:
     all_exited_ok: list[str] = field(default_factory=list)  # a launcher's word that every rank exited 0
     flight_records: dict[int, Any] = field(default_factory=dict)  # rank -> RankRecord
     call_lines: list[str] = field(default_factory=list)  # torchrun-diag's printed facts of the ranks' calls
+    single_node: str | None = None  # a line that shows the job ran on one node
+    global_ranks: set[int] = field(default_factory=set)  # ranks some line named by a global rank
+    table_ranks: dict[int, int] = field(default_factory=dict)  # torchrun's table rows: local rank -> global rank
 
     def rank(self, r: int) -> RankLines:
         if r not in self.ranks:
@@ -87,6 +93,8 @@ class LogRead:
         for f in self.summary_failures:
             if f.pid is not None and f.rank is not None:
                 self.pids.setdefault(f.pid, f.rank)
+            if f.rank is not None:
+                self.global_ranks.add(f.rank)  # torchrun's table gives global ranks
         for pid, line in self.pid_lines:
             if pid in self.pids:
                 self.rank(self.pids[pid]).lines.append(line)
@@ -105,7 +113,8 @@ class LogRead:
             LauncherExit(exit_code=code, launcher=name, rank=rank)  # type: ignore[arg-type]
             for rank, code, name in self.launcher_exits
         ]
-        exits += [LauncherExit(exit_code=code, launcher="torch-agent", local_rank=local, pid=pid)
+        exits += [LauncherExit(exit_code=code, launcher="torch-agent", local_rank=local, pid=pid,
+                               rank=self.table_ranks.get(local))
                   for code, local, pid in self.failed_lines]  # fmt: skip
         exits += [LauncherExit(exit_code=0, launcher="torchrun-diag", text=text) for text in self.all_exited_ok[-1:]]
         for e in exits:
@@ -117,6 +126,7 @@ class LogRead:
             self.rank(r)
         ranks: list[RankEvidence] = []
         for r in sorted(self.ranks):
+            self.ranks[r].global_seen = self.ranks[r].global_seen or r in self.global_ranks
             ev = self.ranks[r].evidence()
             ev = ev if r not in records else _with_record(ev, records[r])
             ranks.append(ev if r not in calls else replace(ev, calls=calls[r]))
@@ -131,6 +141,7 @@ class LogRead:
             phases=tuple(self.phase_lines),
             completions=tuple(self.completion_lines),
             failure_lines=tuple(self.failure_lines[:MAX_FAILURE_LINES]),
+            single_node=self.single_node,
             signalled_unknown=len(self.sigtermed - set(self.pids)),
         )
 
