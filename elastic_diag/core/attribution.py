@@ -34,7 +34,13 @@ from elastic_diag.core.context import Context, Rule, Vote, build_context
 from elastic_diag.core.evidence import AttemptEvidence
 from elastic_diag.core.findings import RankFinding
 from elastic_diag.core.fingerprints import detail_fingerprints
-from elastic_diag.core.launcher_exits import exits_from_launchers, exits_from_lines, named_ranks_exist, watchdog_aborts
+from elastic_diag.core.launcher_exits import (
+    exits_from_launchers,
+    exits_from_lines,
+    named_ranks_exist,
+    unranked_cause_of_the_one_failed,
+    watchdog_aborts,
+)
 from elastic_diag.core.naming import (
     divergence_json,
     named_verdict,
@@ -292,7 +298,8 @@ def _repeated_unranked_cause(ctx: Context) -> bool:
     many processes (each rank prints its own copy; a rank's own log handlers do not print a traceback's
     last line twice)."""
     told = _unranked_cause(ctx)
-    return told is not None and sum(line.text == told[1] for line in ctx.evidence.unranked) >= 2
+    # one line matched by several signatures is kept once per signature: lines are counted by their place
+    return told is not None and len({line.order for line in ctx.evidence.unranked if line.text == told[1]}) >= 2
 
 
 def same_failure_everywhere(ctx: Context) -> Diagnosis | None:
@@ -675,7 +682,13 @@ def no_rank_named(ctx: Context) -> Diagnosis:
     return unattributed(no_sig, cls, summary, waiting, roles, tuple(collateral_ranks))
 
 
-STEPS: tuple[Step, ...] = (exits_from_launchers, watchdog_aborts, named_ranks_exist, exits_from_lines)
+STEPS: tuple[Step, ...] = (
+    exits_from_launchers,
+    unranked_cause_of_the_one_failed,
+    watchdog_aborts,
+    named_ranks_exist,
+    exits_from_lines,
+)
 VOTES: tuple[VoteCheck, ...] = (watchdogs_disagree_on_op, watchdog_out_of_step, named_in_unranked_lines)
 RULES: tuple[Rule, ...] = (
     waited_for_main_process,

@@ -145,6 +145,40 @@ def named_ranks_exist(evidence: AttemptEvidence, taxonomy: Taxonomy) -> AttemptE
     return _with_ranks(evidence, ranks)
 
 
+def _about_another_process(sig: Signature) -> bool:
+    """A signature whose lines name the process they are about (a kernel OOM kill's pid, srun's task)."""
+    return any("(?P<pid>" in p.pattern or "(?P<rank>" in p.pattern for p in sig.patterns)
+
+
+def unranked_cause_of_the_one_failed(evidence: AttemptEvidence, taxonomy: Taxonomy) -> AttemptEvidence:
+    """The error lines that belong to no rank (a traceback pasted without prefixes) are the one failed
+    process's, when a launcher says exactly one process failed by itself (torch's agent's "failed (exitcode:
+    1) local_rank: 0", the others SIGTERMed while alive), no rank has a line of its own, and the lines show
+    one cause, printed once (printed by each process, they are every rank's: same_failure_everywhere)."""
+    failed = [ev for ev in evidence.ranks if ev.exit_code not in (0, None) and not ev.stopped_by_agent
+              and ev.exit_code != -signal.SIGTERM]  # fmt: skip
+    if len(failed) != 1 or any(ev.lines or ev.exception is not None for ev in evidence.ranks):
+        return evidence
+    causes = [line for line in evidence.unranked
+              if (sig := taxonomy.find(line.signature)) is not None and sig.role_hint != "collateral"
+              and not _about_another_process(sig)]  # fmt: skip
+    if not causes or len({line.text for line in causes}) != len({line.order for line in causes}):
+        return evidence  # no cause, or one printed more than once
+    best: dict[tuple[int, str], Signature] = {}  # a line matched by several signatures: its most specific
+    for line in causes:
+        sig = taxonomy.find(line.signature)
+        key = (line.order, line.text)
+        if sig is not None and (key not in best or sig.priority > best[key].priority):
+            best[key] = sig
+    if len({sig.failure_class for sig in best.values()}) != 1:
+        return evidence
+    ranks = {ev.rank: ev for ev in evidence.ranks}
+    one = failed[0]
+    ranks[one.rank] = replace(one, lines=tuple(replace(line, rank=one.rank) for line in causes))
+    kept = tuple(line for line in evidence.unranked if line not in causes)
+    return replace(_with_ranks(evidence, ranks), unranked=kept)
+
+
 def _exit_for(sig: Signature) -> int:
     return -int(getattr(signal, sig.signals[0], signal.SIGTERM))
 

@@ -547,3 +547,33 @@ def test_a_receiver_of_too_much_with_nothing_to_compare_is_a_mismatch_nobody_is_
 def test_a_rank_ended_by_a_signal_from_outside_is_killed(code):
     d = classify_attempt(attempt(waiting(0, 5.0), rank(1, exit_code=code, exit_time=4.0)))
     assert (d.initiating_rank, d.failure_class) == (1, "killed"), d
+
+
+def test_local_index_only_is_named_with_what_it_means_and_a_single_node_line_settles_it():
+    from elastic_diag.core.attribution import judge
+    from elastic_diag.core.evidence import AttemptEvidence, LauncherExit
+
+    agent = LauncherExit(exit_code=-9, launcher="torch-agent", local_rank=2, pid=517203)
+    d = judge(AttemptEvidence(attempt=0, ranks=(), source="logs", launcher_exits=(agent,)))
+    assert (d.initiating_rank, d.failure_class) == (2, "killed")
+    assert "only by its local index 2" in d.summary and "global rank 2 on one node" in d.summary
+    one = judge(AttemptEvidence(attempt=0, ranks=(), source="logs", launcher_exits=(agent,),
+                                single_node="torchrun --standalone --nproc-per-node 8 train.py"))  # fmt: skip
+    assert "the job ran on one node (torchrun --standalone" in one.summary
+
+
+def test_a_launcher_line_with_a_signal_and_no_rank_gives_the_signals_class_and_no_rank():
+    from elastic_diag.core.attribution import judge
+    from elastic_diag.core.evidence import AttemptEvidence, LauncherExit
+
+    ds = LauncherExit(exit_code=-7, launcher="deepspeed", local_rank=7, text="... exits with return code = -7")
+    d = judge(
+        AttemptEvidence(
+            attempt=0,
+            ranks=(),
+            source="logs",
+            launcher_exits=(ds,),
+            failure_lines=("['python', 'main.py', '--local_rank=7'] exits with return code = -7",),
+        )
+    )
+    assert (d.initiating_rank, d.failure_class) == (None, "segfault") and "SIGBUS" in d.summary

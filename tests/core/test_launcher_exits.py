@@ -124,3 +124,28 @@ def test_the_steps_are_idempotent():
                     exits=(summary(1, -6), summary(0, 1)))  # fmt: skip
     once = settle(evidence, TAX)
     assert settle(once, TAX) == once
+
+
+OOM = ("RuntimeError: CUDA out of memory. Tried to allocate 3.20 GiB (GPU 0; 10.76 GiB total capacity; "
+       "3.22 GiB already allocated)")  # fmt: skip
+
+
+def unranked(*texts: str, order: int = 1) -> tuple:
+    return tuple(evidence_line(t, order=order + i, signature=sig.id) for i, t in enumerate(texts)
+                 for sig, _ in TAX.match_line(t))  # fmt: skip
+
+
+def test_a_traceback_with_no_prefix_is_the_one_failed_process_s():
+    agent = LauncherExit(exit_code=1, launcher="torch-agent", local_rank=0, pid=45736)
+    got = settle(logs(exits=(agent,), unranked=unranked(OOM)), TAX)
+    (only,) = got.ranks
+    assert (only.rank, only.coordinate) == (0, "local") and only.lines and not got.unranked
+    # printed by each process: every rank's, not the one the launcher reaped first
+    twice = settle(logs(exits=(agent,), unranked=unranked(OOM) + unranked(OOM, order=5)), TAX)
+    assert twice.ranks[0].lines == () and len(twice.unranked) == len(unranked(OOM)) * 2
+
+
+def test_a_row_of_torchruns_table_maps_the_agents_local_rank_to_its_global_rank():
+    agent = LauncherExit(exit_code=-8, launcher="torch-agent", local_rank=1, pid=52782, rank=9)
+    (only,) = exits_from_launchers(logs(exits=(agent,)), TAX).ranks
+    assert (only.rank, only.exit_code, only.coordinate) == (9, -8, "global")
