@@ -262,9 +262,11 @@ def _probe_one(ps: _Processes, rank: int, pid: int, rank_pids: Mapping[int, int]
         return {"holder_pid": holder, "holder_rank": ps.rank_of(holder, rank_pids),
                 "holder_waits": process_waits(ps.state.get(holder), ps.wchan(holder))}  # fmt: skip
 
-    if kind in ("lock", "sleep", "futex", "poll", "unknown"):
+    if kind in ("lock", "sleep", "futex", "poll", "unknown", "running"):
         mine = set(ps.tree([pid]))
-        found = _lock_wait(ps, pid, locks, kind == "sleep" and bool(_LOCK_LIBRARY.search(stack)), mine)
+        # a library that polls a lock (filelock: a try, a 50 ms sleep) is caught sleeping or running its loop
+        polling = kind in ("sleep", "running", "unknown") and bool(_LOCK_LIBRARY.search(stack))
+        found = _lock_wait(ps, pid, locks, polling, mine)
         if found is not None:
             inode, holder = found
             path = _file_of(ps, holder, inode) or _file_of(ps, pid, inode)

@@ -566,7 +566,10 @@ def alive_outside_collective(ctx: Context) -> Diagnosis | None:
     outside = sorted((f for f in ctx.alive if f.in_collective is False), key=lambda f: f.rank)
     stall = ctx.evidence.stall
     holder = stall.holder if stall is not None else None
-    outside.sort(key=lambda f: f.rank != holder)  # the rank the other blocked ranks waited on (core/blocked.py)
+    seen = {r.rank for r in stall.outside} if stall is not None else set()
+    # the rank the other blocked ranks waited on (core/blocked.py), then those the stall snapshot already saw
+    # outside (a rank that came to wait outside only later, on a lock the first one holds, is not the cause)
+    outside.sort(key=lambda f: (f.rank != holder, f.rank not in seen))
     return rank_verdict(ctx, outside[0], "") if outside else None
 
 
