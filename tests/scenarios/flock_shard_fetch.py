@@ -37,7 +37,7 @@ def fetch_shard(cache: str, shard: str, hang: bool) -> str:
 
 def main() -> None:
     fail_rank = int(os.environ.get("SCENARIO_FAIL_RANK", "2"))
-    dist.init_process_group("gloo", timeout=timedelta(seconds=10))
+    dist.init_process_group("gloo", timeout=timedelta(seconds=6))
     rank = dist.get_rank()
     cache = os.path.join(tempfile.gettempdir(), f"shard_cache_{os.environ['TORCHELASTIC_RUN_ID']}")
     os.makedirs(cache, exist_ok=True)
