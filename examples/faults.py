@@ -52,7 +52,7 @@ INJECTIONS: dict[str, str] = {
     "skip-collective": "collective_desync",
     "extra-collective": "collective_desync",
     "shape-mismatch": "collective_mismatch",
-    "recv-deadlock": "collective_desync",  # each rank's recv has no send on its peer (core/calls.py)
+    "recv-deadlock": "collective_timeout",
     "nan": "nan_inf",
     "straggler": "straggler",  # a warning: the job still succeeds
 }

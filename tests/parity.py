@@ -75,7 +75,6 @@ DOCUMENTED: dict[str, dict[str, str]] = {
        for kind in ("hang", "deadlock", "infinite-loop", "regex-hang", "shape-mismatch")},
     **{f"train_ddp.py --inject {kind}": {"console": _RECORDS}
        for kind in ("extra-collective", "skip-collective", "unused-layer")},
-    "train_ddp.py --inject recv-deadlock": {"console": _CALLS},
     **{f"train_fsdp2.py --inject {kind}": {"console": _STACKS}
        for kind in ("hang", "extra-collective", "shape-mismatch", "skip-collective")},
     "train_ddp.py --inject nan": {"console": _NONFINITE},

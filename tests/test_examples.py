@@ -166,8 +166,6 @@ def test_example_injection_gives_its_class(tmp_path, script, inject, ranks, flag
     assert d["failure_class"] == expected, d
     if expected == "collective_timeout":  # every rank waits inside a collective: nobody to blame
         assert d["initiating_rank"] is None and d["collateral_ranks"] == list(range(ranks)), d
-    elif inject == "recv-deadlock":  # every rank receives, none sends: the pairs are given, no rank
-        assert d["initiating_rank"] is None and "did not join the same transfer" in d["summary"], d
     else:
         assert d["initiating_rank"] == culprit, d
         assert d["fix"] and d["verify"] and d["summary"]

@@ -9,7 +9,8 @@ Three ways a rank's call differs from its peers' while every flight-recorder ent
 * **new_group**: every rank must call ``new_group`` with the same ranks in the same order, members or not;
   a rank that skipped one (``if rank in ranks: new_group(ranks)``) names every later group differently;
 * **p2p**: the sends from A to B and the receives on B from A do not pair (a pipeline stage that skipped
-  its send; a rank receiving from the wrong peer).
+  its send; a rank receiving from the wrong peer). When no rank sent anything at all (every rank waits in a
+  receive: a cycle), no pairing explains it and this says nothing.
 
 For root and new_group the rank (or ranks) in the minority is where the call differs; with no majority
 (two ranks, or two sides of equal size) no rank is named, and both sides are said. Unpaired sends and
@@ -226,8 +227,8 @@ def _p2p(by_rank: Mapping[int, RankCalls]) -> CallSplit | None:
     """Sends from A to B that B's receives from A do not match in number (the world group only: its group
     ranks are the global ranks)."""
     world = _world_group(by_rank)
-    if world is None:
-        return None
+    if world is None or not any(op == "send" and n for rc in by_rank.values() for (op, _, _), n in rc.p2p.items()):
+        return None  # no rank sent anything: every rank waits in a receive, a deadlock no pairing explains
     for a in sorted(by_rank):
         for b in sorted(by_rank):
             if a == b:

@@ -152,13 +152,16 @@ def _about_another_process(sig: Signature) -> bool:
 
 def unranked_cause_of_the_one_failed(evidence: AttemptEvidence, taxonomy: Taxonomy) -> AttemptEvidence:
     """The error lines that belong to no rank (a traceback pasted without prefixes) are the one failed
-    process's, when a launcher says exactly one process failed by itself (torch's agent's "failed (exitcode:
-    1) local_rank: 0", the others SIGTERMed while alive), no rank has a line of its own, and the lines show
-    one cause, printed once (printed by each process, they are every rank's: same_failure_everywhere)."""
+    process's, when a launcher says exactly one process failed by itself, with the status of an uncaught
+    exception (torch's agent's "failed (exitcode: 1) local_rank: 0", the others SIGTERMed while alive), no rank
+    has a line of its own, and the lines show one cause, printed once (printed by each process, they are every
+    rank's: same_failure_everywhere)."""
     failed = [ev for ev in evidence.ranks if ev.exit_code not in (0, None) and not ev.stopped_by_agent
               and ev.exit_code != -signal.SIGTERM]  # fmt: skip
     if len(failed) != 1 or any(ev.lines or ev.exception is not None for ev in evidence.ranks):
         return evidence
+    if failed[0].exit_code != 1:
+        return evidence  # an uncaught exception exits 1: another status is not that traceback's process
     causes = [line for line in evidence.unranked
               if (sig := taxonomy.find(line.signature)) is not None and sig.role_hint != "collateral"
               and not _about_another_process(sig)]  # fmt: skip

@@ -78,3 +78,8 @@ def test_hostile_calls_json_is_skipped_or_cut_to_what_is_valid(bad):
         return
     assert all(c.root is None or c.root < 2**31 for c in got.calls) and got.p2p == {}
     assert all(isinstance(c.where, str | None) and (c.time is None or isinstance(c.time, float)) for c in got.calls)
+
+
+def test_a_cycle_of_receives_with_no_send_at_all_is_no_pairing_problem():
+    cycle = {r: RankCalls(p2p={("recv", "0", (r + 1) % 3): 1}) for r in range(3)}
+    assert compare_calls(cycle) is None
