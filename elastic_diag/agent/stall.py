@@ -55,6 +55,19 @@ from elastic_diag.layout import (
 LOCK_WAIT_S = 15.0  # a verdict's own dumps hold the lock this long at most
 
 
+def _left_the_collective(stacks: dict[int, str], answered: set[int], only: int | None = None) -> set[int]:
+    """Local ranks whose beacon just answered with a main thread outside torch.distributed and autograd (its
+    innermost frame the user's own code: a lock, a save, a callback). That stack outranks progress.json's
+    process-group status, written up to a tick earlier and on gloo at times still showing a collective that
+    completed."""
+    out = set()
+    for lr in [only] if only is not None else list(stacks):
+        dump = parse_stack_dump(stacks.get(lr, "")) if lr in answered else None
+        if dump is not None and dump.in_collective() is False:
+            out.add(lr)
+    return out
+
+
 class StallSnapshots:
     """The stall records of one attempt on this node. ``targets``: local rank -> (global rank, pid, layout)."""
 
@@ -126,7 +139,8 @@ class StallSnapshots:
             gone = self._exited()
             live = {lr: (pid, layout) for lr, (_, pid, layout) in self.targets.items() if lr not in gone}
             stacks, answered = request_dumps(live, self.stack_timeout_s, f"stall-{self.attempt}-{stall.number}")
-            blocked = self._blocked(stall, live, stacks)
+            outside = set(stall.outside) | _left_the_collective(stacks, answered)
+            blocked = self._blocked(outside, live, stacks)
             folder = self.attempt_dir / stall_dir_name(stall.number)
             collectives = {lr: self._keep(lr, folder, stacks.get(lr, ""), wall if lr in answered else None)
                            for lr in live}  # fmt: skip
@@ -137,17 +151,17 @@ class StallSnapshots:
         # py-spy stops a rank for the time of its native dump (0.8 s measured: benchmarks/stall.py snapshot-cost),
         # so only where native frames tell what the Python stack cannot: the ranks outside the collective (what
         # holds the others) and those whose beacon was silent (the GIL held in native code); after the record
-        held = [lr for lr in sorted(live) if lr in stall.outside or lr not in answered]
+        held = [lr for lr in sorted(live) if lr in outside or lr not in answered]
         pids = [(self.targets[lr][1], folder / rank_dir_name(self.targets[lr][0])) for lr in held]
         if native_stacks_of(pids):
             self._rewrite(stall.number)
         return record
 
-    def _blocked(self, stall: Stall, live: dict[int, tuple[int, RankLayout]],
+    def _blocked(self, ranks: set[int], live: dict[int, tuple[int, RankLayout]],
                  stacks: dict[int, str]) -> dict[int, Blocked]:  # fmt: skip
-        """What the kernel shows each rank outside the collective blocked on (by local rank): a lock another
-        rank holds, a child process, a pipe (agent/blocked.py)."""
-        outside = {lr: pid for lr, (pid, _) in live.items() if lr in stall.outside}
+        """What the kernel shows each rank outside the collective (``ranks``: local ranks) blocked on: a lock
+        another rank holds, a child process, a pipe (agent/blocked.py)."""
+        outside = {lr: pid for lr, (pid, _) in live.items() if lr in ranks}
         rank_pids = {pid: rank for rank, pid, _ in self.targets.values()}
         found = probe_blocked({self.targets[lr][0]: pid for lr, pid in outside.items()}, rank_pids,
                               {self.targets[lr][0]: stacks.get(lr, "") for lr in outside})  # fmt: skip
@@ -180,8 +194,9 @@ class StallSnapshots:
             # its stack, taken now, outranks its last progress.json (written before the GIL was taken, perhaps
             # while a collective of the previous step was still in flight)
             held_gil = dump is not None and lr not in answered and dump.in_collective() is False
+            left = lr in _left_the_collective(stacks, answered, only=lr)
             ranks.append(StallRank(
-                rank=rank, local_rank=lr, in_collective=lr in stall.waiting and not held_gil,
+                rank=rank, local_rank=lr, in_collective=lr in stall.waiting and not held_gil and not left,
                 last_progress=stall.last_progress.get(lr),
                 where=str(frame) if frame is not None else None, collective=collectives.get(lr),
                 beacon=(lr in answered) if lr in stacks else None, stack=dump, blocked=blocked.get(lr),
