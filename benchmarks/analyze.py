@@ -196,6 +196,67 @@ def generate(folder: Path, ranks: int, total_mb: int, culprit: int) -> int:
     return total
 
 
+# Lines that each carry an anchor word and that real runs print over and over (retry loops, warnings
+# repeated every step, evaluation and datasets progress bars logged one frame a line): (rank, ts, n, rng)
+_DENSE: list[Callable[[int, str, int, random.Random], str]] = [
+    lambda r, ts, n, rng: (
+        f"'(ReadTimeoutError(\"HTTPSConnectionPool(host='huggingface.co', port=443): Read timed out. (read "
+        f"timeout=10)\"), '(Request ID: {rng.getrandbits(64):016x})')' thrown while requesting HEAD "
+        "https://huggingface.co/meta-llama/Llama-3.1-8B/resolve/main/config.json"
+    ),
+    lambda r, ts, n, rng: "wandb: Network error (ReadTimeout), entering retry loop.",
+    lambda r, ts, n, rng: (
+        "wandb: ERROR Error while calling W&B API: An internal error occurred. Please contact support. "
+        "(<Response [500]>)"
+    ),
+    lambda r, ts, n, rng: (
+        f"[W{ts[5:7]}{ts[8:10]} {ts[11:19]}.{rng.randrange(10**6):06d} socket.cpp:752] [c10d] The client socket has "
+        f"failed to connect to [node-{rng.randrange(8):03d}]:29500 (errno: 111 - Connection refused)."
+    ),
+    lambda r, ts, n, rng: (
+        "Token indices sequence length is longer than the specified maximum sequence length for this model "
+        f"({rng.randrange(1025, 4000)} > 1024). Running this sequence through the model will result in indexing errors"
+    ),
+    lambda r, ts, n, rng: (
+        f"Evaluating: {n % 100:3d}%|{'#' * (n % 100 // 10):<10}| {n % 100}/100 [00:{n % 60:02d}<00:{59 - n % 60:02d}, "
+        f"{rng.uniform(2, 4):.2f}it/s]"
+    ),
+    lambda r, ts, n, rng: (
+        f"Map: {n % 100:3d}%|{'#' * (n % 100 // 10):<10}| {n % 100 * 1000}/100000 [00:{n % 60:02d}<00:"
+        f"{59 - n % 60:02d}, {rng.uniform(3000, 4000):.2f} examples/s]"
+    ),
+    lambda r, ts, n, rng: (
+        f"[{ts}] [WARNING] [webdataset] retrying shard s3://corpus/train/shard-{rng.randrange(10**5):05d}.tar after "
+        "error: Connection reset by peer"
+    ),
+    lambda r, ts, n, rng: f"Exception ignored in: <function _ConnectionBase.__del__ at 0x7f{rng.getrandbits(40):010x}>",
+    lambda r, ts, n, rng: (
+        f"[{ts}] [INFO] [eval.py:88:evaluate] eval step={n} error_rate={rng.uniform(0, 0.05):.4f} "
+        f"wer={rng.uniform(0, 0.2):.3f}"
+    ),
+]
+
+
+def generate_dense(folder: Path, n_lines: int, ranks: int, culprit: int) -> int:
+    """One console log of a torchrun job (``[rankN]:`` prefixes, the ranks' lines interleaved) of
+    ``n_lines`` lines that each carry an anchor word, then the culprit's CUDA out-of-memory traceback and
+    every other rank's watchdog timeout."""
+    folder.mkdir(parents=True, exist_ok=True)
+    rng = random.Random(7)
+    t = 1796119200.0
+    out: list[str] = []
+    for n in range(n_lines):
+        t += rng.uniform(0.0, 0.01)
+        ts = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(t)) + f",{int(t * 1000) % 1000:03d}"
+        r = rng.randrange(ranks)
+        out.append(f"[rank{r}]:" + rng.choice(_DENSE)(r, ts, n, rng) + "\n")
+    out.append(_culprit_end(culprit))
+    out.extend(_victim_end(r, 90210) for r in range(ranks) if r != culprit)
+    data = "".join(out).encode()
+    (folder / "console.log").write_bytes(data)
+    return len(data)
+
+
 def _timed(argv: list[str], env: dict[str, str]) -> tuple[float, float, str]:
     """Wall seconds, peak RSS in MB of this child alone (os.wait4's rusage), stdout."""
     with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
@@ -228,19 +289,32 @@ def main() -> None:
     )
     ap.add_argument("--rounds", type=int, default=3, help="runs of each command; the fastest is printed")
     ap.add_argument("--keep", action="store_true")
+    ap.add_argument(
+        "--dense-lines",
+        type=int,
+        default=0,
+        help="instead: one console log of this many lines that each carry an anchor word (16 ranks)",
+    )
     a = ap.parse_args()
     folder = Path(a.dir) if a.dir else Path(tempfile.mkdtemp(prefix="elastic_diag_bench_"))
-    culprit = min(a.ranks - 1, a.ranks // 2 + 225)
+    if a.dense_lines:
+        a.ranks = 16
+    culprit = min(a.ranks - 1, a.ranks // 2 + 225) if not a.dense_lines else 11
+    pattern = "rank_*.log" if not a.dense_lines else "console.log"
     try:
-        if len(list(folder.glob("rank_*.log"))) == a.ranks:
-            size = sum(p.stat().st_size for p in folder.glob("rank_*.log"))
-            print(f"reusing {a.ranks} files in {folder}, {size / 1e6:.0f} MB; culprit rank {culprit}")
+        if len(list(folder.glob(pattern))) == (a.ranks if not a.dense_lines else 1):
+            size = sum(p.stat().st_size for p in folder.glob(pattern))
+            count = len(list(folder.glob(pattern)))
+            print(f"reusing {count} file(s) in {folder}, {size / 1e6:.0f} MB; culprit rank {culprit}")
         else:
             t0 = time.perf_counter()
-            size = generate(folder, a.ranks, a.total_mb, culprit)
+            if a.dense_lines:
+                size = generate_dense(folder, a.dense_lines, a.ranks, culprit)
+            else:
+                size = generate(folder, a.ranks, a.total_mb, culprit)
             took = time.perf_counter() - t0
-            print(f"generated {a.ranks} files, {size / 1e6:.0f} MB in {took:.1f} s; culprit rank {culprit}")
-        files = sorted(str(p) for p in folder.glob("rank_*.log"))
+            print(f"generated {size / 1e6:.0f} MB in {took:.1f} s; culprit rank {culprit}")
+        files = sorted(str(p) for p in folder.glob(pattern))
         pin = ["taskset", "-c", "0"] if shutil.which("taskset") else []
         subprocess.run(["cat", *files], stdout=subprocess.DEVNULL, check=True)  # warm the page cache
         from elastic_diag.offline.files import ANCHORS, SUMMARY_MARKS, anchor_ere

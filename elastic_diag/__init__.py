@@ -6,11 +6,23 @@ before the user's script, and ``elastic-diag analyze`` runs without torch.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from elastic_diag.worker.beacon import heartbeat, watch
+if TYPE_CHECKING:
+    from elastic_diag.worker.beacon import heartbeat, watch
 
 __version__ = "0.1.0"
+
+
+def __getattr__(name: str) -> Any:
+    """``heartbeat`` and ``watch`` load with the worker's beacon on first use (``elastic-diag analyze`` never
+    needs them: its start-up stays short)."""
+    if name in ("heartbeat", "watch"):
+        from elastic_diag.worker import beacon
+
+        return getattr(beacon, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = ["__version__", "elastic_launch", "heartbeat", "watch"]
 

@@ -75,11 +75,26 @@ from elastic_diag.offline.files import (
     wrap_width,
 )
 from elastic_diag.offline.ranks import RankResolver
-from elastic_diag.offline.records import MAX_FAILURE_LINES, TAIL_LINES, Analysis, LogRead, RankLines
+from elastic_diag.offline.records import MAX_FAILURE_LINES, PHASE_LINES, TAIL_LINES, Analysis, LogRead, RankLines
 from elastic_diag.report.terminal import Paint
 
 MAX_LINE = 64 * 1024  # longer lines are cut before matching
 MAX_LINES_PER_RANK = 64
+# skipping a line its rank printed before with other digits: the key is the line's rank prefix and the rest
+# with every digit made 0; at most this many keys are kept
+_KEY_PREFIX = re.compile(rb"(?:[A-Za-z0-9][\w.-]*: )?(?:\[(?:rank|default)\d+\]:)*")
+_DIGIT_RUNS = re.compile(rb"\d+")
+_X_RUN = re.compile(rb"xxxxxxxx+")  # of a line with its hex digits made "x": an address, a request id, a hash
+_HEX_AS_X = bytes.maketrans(b"0123456789abcdef", b"x" * 16)
+# what a line's repeats are (see Analyzer._line): read again, skipped, or kept as the last phase lines
+READ_AGAIN, PHASE, SKIP, QUIET = 0, 1, 2, 3  # QUIET: no anchor (a dense chunk's lines are all looked up)
+_DENSE_LINES = 2000  # a chunk with at least this many candidate lines, most of its lines, is dense
+_NO_DIGITS = bytes.maketrans(b"123456789", b"000000000")
+_SEEN_LINES = 1 << 16
+# a line holding one of these may tell a fact by the value of its digits (an exit code, a node count, a
+# local rank in torchrun's table): never skipped
+_DIGIT_FACT_WORDS = ("xit", "failed (", "(local_rank:", "-- Process ", "num_machines", "num_nodes", "nnodes",
+                     "world_sizes", "--standalone", "_group call #", "Signals.")  # fmt: skip
 CONTEXT_LINES = 100
 COMPLETION_LINES = 200  # how far from a file's end a line saying the run ended well is looked for
 # every completion line (core/log_lines.completion_line) holds one of these
@@ -133,6 +148,7 @@ class Analyzer:
             os.environ.get(ENV_PREFILTER, "auto"), no_grep=os.environ.get(ENV_NO_GREP, "") not in ("", "0")
         )
         self.find_lines = LineFinder(ANCHORS, use_hyperscan=self.prefilter == "hyperscan")
+        self.find_marks = LineFinder((), use_hyperscan=self.prefilter == "hyperscan")  # the summary's start alone
         self.find_mappings = LineFinder(MAPPING_ANCHORS, use_hyperscan=self.prefilter == "hyperscan")
         self.find_completion = LineFinder(_COMPLETION_WORDS, use_hyperscan=self.prefilter == "hyperscan")
         self.progress: Callable[[str], None] = lambda _text: None
@@ -144,6 +160,11 @@ class Analyzer:
         self._block_rank: int | None = None  # torch.multiprocessing.spawn: the process whose traceback follows
         self._in_own_summary = False  # inside torchrun-diag's own summary (skipped)
         self._hook_failed: set[int] = set()  # ranks inside an "Error in sys.excepthook:" traceback
+        self._seen: dict[tuple[int | None, bytes, bytes], int] = {}  # what a line's repeats tell (the file's)
+        self._dense = False  # the file's last chunk was dense: most lines held an anchor
+        # a line's shape (its digits made 0) -> where its rank prefix ends, and each prefix's kind (the file's)
+        self._shapes: dict[bytes, tuple[int, dict[bytes, int]]] = {}
+        self._phases: deque[tuple[int, bytes, int, int, int | None]] = deque(maxlen=PHASE_LINES)
 
     @property
     def ranks(self) -> dict[int, RankLines]:
@@ -290,7 +311,12 @@ class Analyzer:
             self._wrap = wrap_width(head)
             try:
                 self._scan(fp, idx, file_rank, self._read_chunk)
+                self._flush_phases()
             finally:
+                self._phases.clear()
+                self._shapes.clear()  # a [defaultN] prefix is a local rank: another file's may be another rank
+                self._seen.clear()
+                self._dense = False
                 self._wrap = self._block_rank = None
         self._read_end(path, file_rank)
 
@@ -359,22 +385,146 @@ class Analyzer:
 
     def _read_chunk(self, chunk: bytes, base: int, idx: int, file_rank: int | None) -> None:
         """The first pass: who printed, torchrun's summary, and every candidate line."""
-        self.resolver.count_lines(chunk, file_rank)
         if self._wrap:
             chunk = unwrap(chunk, self._wrap)
-        starts, summary_at = self.find_lines(chunk)
+        starts: list[int] = []
+        if self._dense:
+            summary_at = self.find_marks(chunk)[1]
+        else:
+            self.resolver.count_lines(chunk, file_rank)
+            starts, summary_at = self.find_lines(chunk)
         if self.summary.active:
             summary_at = 0
         if summary_at >= 0:
             self._feed_summary(chunk, summary_at)
+        if self._dense:
+            self._dense = self._read_dense(chunk, base, idx, file_rank)
+            return
         for start in starts:
             end = chunk.find(b"\n", start)
-            end = len(chunk) if end < 0 else end
-            raw = chunk[start : min(end, start + MAX_LINE)].decode("utf-8", errors="replace")
-            if self._wrap:
-                raw = raw.replace(WRAP_JOIN.decode(), "")
-            for line in _frames(raw):
-                self._line(line, base + start, idx, file_rank)
+            line_bytes = chunk[start : min(len(chunk) if end < 0 else end, start + MAX_LINE)]
+            self._candidate(line_bytes, base + start, idx, file_rank, self._key(line_bytes, file_rank))
+        # most lines hold an anchor (a retry loop, progress bars logged a frame a line): the next chunks are
+        # read line by line, each line's key looked up before its anchors
+        self._dense = len(starts) >= _DENSE_LINES and 2 * len(starts) > chunk.count(b"\n")
+
+    def _key(self, line_bytes: bytes, file_rank: int | None) -> tuple[int | None, bytes, bytes] | None:
+        """:func:`line_key`; None while a state of the read makes each line count (a spawned process's
+        traceback, a failing excepthook, our own summary)."""
+        if self._block_rank is not None or self._hook_failed or self._in_own_summary:
+            return None
+        return line_key(line_bytes, file_rank)
+
+    def _candidate(
+        self,
+        line_bytes: bytes,
+        offset: int,
+        idx: int,
+        file_rank: int | None,
+        key: tuple[int | None, bytes, bytes] | None,
+    ) -> None:
+        """A line holding an anchor: read, unless its rank printed it before with other digits alone and it told
+        nothing then that other digits could change (a retry warning, an evaluation's log line), or it is a
+        phase line again (a progress bar: only the last ones are read, at the end of the file)."""
+        seen = self._seen
+        if key is not None:
+            kind = seen.get(key)
+            if kind in (SKIP, QUIET):
+                return
+            if kind == PHASE:
+                self._order += 1
+                self._phases.append((self._order, line_bytes, offset, idx, file_rank))
+                return
+        kind = SKIP
+        for line in self._physical_line(line_bytes):
+            kind = min(kind, self._line(line, offset, idx, file_rank, key[1] if key is not None else None))
+        if key is not None and kind != READ_AGAIN:
+            self._remember(key, kind, line_bytes)
+
+    def _remember(self, key: tuple[int | None, bytes, bytes], kind: int, line_bytes: bytes) -> None:
+        """What the repeats of the line of ``key`` are; for a line without a hex run, under its shape too."""
+        if len(self._seen) >= _SEEN_LINES:
+            self._seen.clear()
+            self._shapes.clear()
+        self._seen[key] = kind
+        shape = line_bytes.translate(_NO_DIGITS)
+        cut = len(key[1])
+        if shape[cut:] == key[2]:
+            self._shapes.setdefault(shape, (cut, {}))[1][key[1]] = kind
+
+    def _read_dense(self, chunk: bytes, base: int, idx: int, file_rank: int | None) -> bool:
+        """A chunk where most lines hold an anchor, line by line: a line whose key is known costs a lookup,
+        a new one is looked at for its anchors (and its rank prefix). Returns whether the chunk was dense."""
+        seen = self._seen
+        offset = base
+        quiet = 0
+        lines = chunk.split(b"\n")
+        if lines and not lines[-1]:
+            lines.pop()
+        shapes = self._shapes
+        free = self._block_rank is None and not self._hook_failed and not self._in_own_summary
+        for line_bytes in lines:
+            start = offset
+            offset += len(line_bytes) + 1
+            if len(line_bytes) > MAX_LINE:
+                line_bytes = line_bytes[:MAX_LINE]
+            key = None
+            if free:
+                # the fast path: the line with its digits made 0 gives where its rank prefix ends, and the kinds
+                # of the prefixes seen with it (lines without hex runs: their key is that and the prefix)
+                shape = line_bytes.translate(_NO_DIGITS)
+                entry = shapes.get(shape)
+                kind = entry[1].get(line_bytes[: entry[0]]) if entry is not None else None
+                if kind == SKIP:
+                    continue
+                if kind == QUIET:
+                    quiet += 1
+                    continue
+                if kind == PHASE:
+                    self._order += 1
+                    self._phases.append((self._order, line_bytes, start, idx, file_rank))
+                    continue
+                key = line_key(line_bytes, file_rank)
+                kind = seen.get(key)
+                if kind in (SKIP, QUIET):  # a line with a hex run
+                    quiet += kind == QUIET
+                    continue
+            else:
+                kind = None
+            if kind is None:
+                self.resolver.count_lines(line_bytes, file_rank)
+                if not self.find_lines(line_bytes + b"\n")[0]:
+                    quiet += 1
+                    if key is not None:
+                        self._remember(key, QUIET, line_bytes)
+                    continue
+            self._candidate(line_bytes, start, idx, file_rank, key)
+            free = self._block_rank is None and not self._hook_failed and not self._in_own_summary
+        return 2 * quiet < len(lines)
+
+    def _physical_line(self, line_bytes: bytes) -> list[str]:
+        raw = line_bytes.decode("utf-8", errors="replace")
+        if self._wrap:
+            raw = raw.replace(WRAP_JOIN.decode(), "")
+        return _frames(raw)
+
+    def _flush_phases(self) -> None:
+        """The phase lines put aside while the file was read (repeats of a phase line: see :meth:`_read_chunk`),
+        read now that the file is done, in their order among the others."""
+        if not self._phases:
+            return
+        kept = list(self.facts.phase_lines)
+        for order, line_bytes, offset, idx, file_rank in self._phases:
+            for raw in self._physical_line(line_bytes):
+                parsed = self.parse(raw)
+                text = parsed.text.strip()
+                if _PHASE.search(text):
+                    rank = self.resolver.line_rank(parsed, text, file_rank)
+                    kept.append(evidence_line(text, time=parsed.time, clock=parsed.clock, order=order,
+                                              source=self.facts.files[idx], offset=offset, rank=rank))  # fmt: skip
+        self._phases.clear()
+        self.facts.phase_lines.clear()
+        self.facts.phase_lines.extend(sorted(kept, key=lambda line: line.order))
 
     def _map_line(self, raw: bytes, file_rank: int | None) -> None:
         parsed = parse_line(raw.decode("utf-8", errors="replace"))
@@ -389,13 +539,30 @@ class Analyzer:
                 break
             self.summary.feed(parse_line(raw.decode("utf-8", errors="replace")).text)
 
-    def _line(self, raw: str, offset: int, idx: int, file_rank: int | None) -> None:
+    def _line(self, raw: str, offset: int, idx: int, file_rank: int | None, keyed: bytes | None = None) -> int:
+        """Reads one candidate line; returns what a line that differs from it in its digits alone, from the same
+        rank (``keyed``: the rank prefix the caller took as the line's origin), would tell: nothing more
+        (SKIP), the same phase line at a later time (PHASE), or something its digits decide (READ_AGAIN)."""
         parsed = self.parse(raw)
         text = parsed.text.strip()
         if self._own_summary(text):
             if text.startswith("rank ") and "_group call #" in text:
                 self.facts.call_lines.append(text[:2000])  # a fact its verdict printed: rank R's new_group call
-            return
+            return READ_AGAIN
+        # the rank must come from the file or from the prefix the caller keyed the line by; the facts below
+        # whose value its digits give (exit codes, pids, sizes, a rank in the message) are never skipped
+        same = (
+            parsed.pid is None
+            and (
+                (parsed.rank is None and file_rank is not None)
+                or (
+                    parsed.rank is not None
+                    and keyed is not None
+                    and str(parsed.rank).encode() in _DIGIT_RUNS.findall(keyed)
+                )
+            )
+            and not any(w in text for w in _DIGIT_FACT_WORDS)
+        )
         if len(self.facts.failure_lines) < MAX_FAILURE_LINES and failure_evidence(text):
             self.facts.failure_lines.append(text[:2000])
         failed = parse_failed_line(text)
@@ -427,11 +594,14 @@ class Analyzer:
             return evidence_line(text, time=parsed.time, clock=parsed.clock, order=self._order, source=source,
                                  offset=offset, rank=rank, signature=sig_id)  # fmt: skip
 
-        if _PHASE.search(text):
+        phase = _PHASE.search(text) is not None
+        if phase:
             self.facts.phase_lines.append(line(None, rank))
         exc = EXC_LINE.match(text)
         hits = []
-        for sig, m in self.taxonomy.match_line(text):
+        matched, same_for_digits = self.taxonomy.match_line_digits(text)
+        same = same and same_for_digits
+        for sig, m in matched:
             groups = m.groupdict()
             if groups.get("rank") or groups.get("pid"):  # ABOUT another process: a kernel OOM line, srun's task N
                 if groups.get("rank"):
@@ -452,26 +622,35 @@ class Analyzer:
                         self.facts.pid_lines.append((parsed.pid, line(sig.id)))
                     else:
                         self.facts.unranked.append(line(sig.id))
-            return
+            if hits or not same:  # unranked lines are counted (every rank printing the same error)
+                return READ_AGAIN
+            return PHASE if phase else SKIP
         log = self.facts.rank(rank)
         if parsed.host and log.node is None:
             log.node = parsed.host
         for sig in hits:
             if sig.id == GENERIC_EXCEPTION and not exc:
                 continue
-            if len(log.lines) < MAX_LINES_PER_RANK:
+            # past the bound, a signature this rank has no line of yet is still kept: a rank that logged a
+            # retry warning a thousand times and then ran out of memory keeps its out-of-memory line
+            if len(log.lines) < MAX_LINES_PER_RANK or all(kept.signature != sig.id for kept in log.lines):
                 log.lines.append(line(sig.id))
         if text.startswith(HOOK_FAILED):  # a failing excepthook's traceback: the rank's own follows it
             self._hook_failed.add(rank)
-        elif text.startswith(_ORIGINAL):
+            return READ_AGAIN
+        if text.startswith(_ORIGINAL):
             self._hook_failed.discard(rank)
-        elif (
+            return READ_AGAIN
+        if (
             exc
             and log.exception is None
             and rank not in self._hook_failed
             and not text.startswith(("Traceback", "raise "))
         ):
             log.exception = ExceptionRecord(type=exc["type"], message=exc["msg"] or "", traceback="", time=parsed.time)
+        if not same:
+            return READ_AGAIN
+        return PHASE if phase and not hits else (SKIP if not phase else READ_AGAIN)
 
     def _own_summary(self, text: str) -> bool:
         """torchrun-diag's own summary at the end of a run it printed (a console pasted whole): its verdict is
@@ -632,6 +811,25 @@ _ANCHOR_TEXT = tuple(a.decode() for a in ANCHORS)
 _GLUED_AFTER_BAR = re.compile(
     r"\[\d+:\d+(?::\d+)?(?:<[\d:?]+)?, [^\]\n]{0,100}\](?=\[[EWFI][\d ]|\[rank\d|\[default\d|Traceback )"
 )
+
+
+def line_key(line_bytes: bytes, file_rank: int | None) -> tuple[int | None, bytes, bytes]:
+    """What a line's repeats have in common: its rank (its file's, its prefix), and the rest with every digit
+    made 0 and each run of 8 hex digits or more (an address, a request id) made one "#"."""
+    # "[rank3]:", "[default0]:[rank8]:" (the last "]:" in the first 40 bytes), else a host before them
+    bracket = line_bytes[:1] == b"["
+    cut = line_bytes.rfind(b"]:", 0, 40) + 2 if bracket else _KEY_PREFIX.match(line_bytes).end()  # type: ignore[union-attr]
+    rest = line_bytes[cut:]
+    xs = rest.translate(_HEX_AS_X)
+    if b"xxxxxxxx" in xs:
+        parts: list[bytes] = []
+        done = 0
+        for m in _X_RUN.finditer(xs):
+            parts += (rest[done : m.start()], b"#")
+            done = m.end()
+        parts.append(rest[done:])
+        rest = b"".join(parts)
+    return file_rank, line_bytes[: max(cut, 0)], rest.translate(_NO_DIGITS)
 
 
 def _unglue(frame: str) -> list[str]:

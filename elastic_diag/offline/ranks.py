@@ -15,6 +15,7 @@ from elastic_diag.offline.files import CHUNK
 from elastic_diag.offline.records import LogRead
 
 _RANK_PREFIX = re.compile(rb"^(?:([a-z0-9][a-z0-9.-]*\d[a-z0-9.-]*): )?\[(rank|default)(\d+)\]:", re.M)
+_LINE_RANK_PREFIX = re.compile(rb"\n\[(rank|default)(\d+)\]:")
 _BOTH_PREFIXES = re.compile(rb"^(?:([a-z0-9][a-z0-9.-]*\d[a-z0-9.-]*): )?\[default(\d+)\]:\[rank(\d+)\]:", re.M)
 _SUMMARY_RANK = re.compile(rb"rank\s+: (\d+) \(local_rank: (\d+)\)")
 _CLOSING = re.compile(r"Sending process (\d+) closing signal")
@@ -61,11 +62,17 @@ class RankResolver:
             if chunk:
                 self.facts.rank(file_rank).printed += 1
             return
-        for m in _RANK_PREFIX.finditer(chunk):
-            host = m.group(1).decode(errors="replace") if m.group(1) else None
-            local = m.group(2) == b"default"
-            offset = self.local_offsets.get(host, self.local_offsets.get(None, 0)) if local else 0
-            self.facts.rank(int(m.group(3)) + offset).printed += 1
+        # each prefix once (a chunk holds thousands of lines); a prefix at a line's start after a newline is found
+        # by its literal, fast; the slow general pattern runs only where a host prefixes them
+        found = {(b"", kind, number) for kind, number in _LINE_RANK_PREFIX.findall(chunk)}
+        if (first := _RANK_PREFIX.match(chunk)) is not None:
+            found.add(first.groups())  # type: ignore[arg-type]
+        if b": [rank" in chunk or b": [default" in chunk:
+            found.update(_RANK_PREFIX.findall(chunk))
+        for host_bytes, kind, number in found:
+            host = host_bytes.decode(errors="replace") if host_bytes else None
+            offset = self.local_offsets.get(host, self.local_offsets.get(None, 0)) if kind == b"default" else 0
+            self.facts.rank(int(number) + offset).printed += 1
 
     def global_rank(self, parsed: Any) -> int | None:
         if parsed.rank is None or not parsed.local:

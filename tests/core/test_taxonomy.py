@@ -89,3 +89,58 @@ def test_every_signature_line_passes_the_analyzers_prefilter():
     for sig in TAX:
         for line in sig.examples:
             assert any(a.decode() in line for a in ANCHORS), f"{sig.id}: no anchor in {line!r}"
+
+
+def test_the_compiled_taxonomy_is_current():
+    """load_taxonomy reads compiled.json (JSON, 1 ms) instead of the TOML files (30 ms) when its digest is theirs:
+    after editing a TOML file, `python tools/compile_taxonomy.py` writes it again."""
+    from importlib import resources
+
+    from elastic_diag.core.taxonomy import COMPILED_FILE, compiled_taxonomy
+
+    on_disk = (resources.files("elastic_diag.core.taxonomy") / COMPILED_FILE).read_text(encoding="utf-8")
+    assert on_disk == compiled_taxonomy(), "stale: run python tools/compile_taxonomy.py"
+
+
+def test_a_stale_compiled_taxonomy_is_not_used(tmp_path, monkeypatch):
+    """A TOML file edited without compiling again: the TOML files are read (the digest differs), so an edit is
+    never hidden by the cache."""
+    import elastic_diag.core.taxonomy as taxonomy
+
+    files = list(taxonomy._data_files())
+    edited = [(name, text.replace('title = "', 'title = "EDITED ', 1)) for name, text in files]
+    monkeypatch.setattr(taxonomy, "_data_files", lambda: iter(edited))
+    taxonomy.load_taxonomy.cache_clear()
+    try:
+        assert any(s.title.startswith("EDITED ") for s in taxonomy.load_taxonomy())
+    finally:
+        taxonomy.load_taxonomy.cache_clear()
+
+
+def test_patterns_compile_on_first_use_and_match_the_same():
+    """The compiled taxonomy's patterns compile when a signature is first tried; they are the TOML's."""
+    from elastic_diag.core.taxonomy import _data_files, parse_signatures
+
+    fresh = {s.id: s for name, text in _data_files() for s in parse_signatures(text, name)}
+    for sig in load_taxonomy():
+        assert [p.pattern for p in sig.patterns] == [p.pattern for p in fresh[sig.id].patterns]
+
+
+@pytest.mark.parametrize(
+    ("line", "same"),
+    [
+        ("wandb: Network error (ReadTimeout), entering retry loop.", True),
+        ("urllib3.exceptions.ReadTimeoutError: HTTPSConnectionPool(host='hf.co', port=443): Read timed out.", True),
+        ("Token indices sequence length is longer than the specified maximum (2741 > 1024)", True),
+        # a pattern that tells digits apart, and could match: "signal 11" is a segfault, "signal 15" is not
+        ("Caught signal 11 (Segmentation fault)", False),
+        ("OSError: [Errno 98] Address already in use", False),
+        ("PermissionError: [Errno 13] Permission denied: '/ckpt'", False),
+        # a process named by its number in the line
+        ("process 3 terminated with signal SIGKILL", False),
+    ],
+)
+def test_which_lines_answer_the_same_whatever_their_digits(line, same):
+    """match_line_digits: the offline reader skips a line's repeats (other digits, same rank) only where no
+    signature the literals admit could answer differently for other digits."""
+    assert load_taxonomy().match_line_digits(line)[1] is same

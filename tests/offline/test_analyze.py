@@ -456,3 +456,106 @@ def test_the_diag_dir_alone_and_without_its_reports_give_the_same_verdict():
             alone = analyze_paths([copy]).diagnosis
         whole = analyze_paths([RUNS / case]).diagnosis
         assert (alone.initiating_rank, alone.failure_class) == (whole.initiating_rank, whole.failure_class), case
+
+
+# --- repeats of a line (other digits, the same rank) are skipped: the same verdicts, faster -------------------
+
+
+def _read_every_line(monkeypatch):
+    """The analyzer as it was before it skipped repeats: every candidate line read, no chunk read as dense."""
+    import elastic_diag.offline.analyze as analyze
+
+    monkeypatch.setattr(analyze.Analyzer, "_key", lambda self, line_bytes, file_rank: None)
+    monkeypatch.setattr(analyze, "_DENSE_LINES", 1 << 62)
+
+
+def _verdict(a):
+    d = a.to_json()["diagnosis"]
+    return {k: d.get(k) for k in ("failure_class", "initiating_rank", "collateral_ranks", "summary", "signature")}
+
+
+def test_skipping_repeats_changes_no_fixture_verdict(monkeypatch):
+    """Every log fixture: the verdict (class, culprit, roles, summary) with repeats skipped is the one of a read
+    of every line."""
+    fixtures = sorted(p for p in (FIXTURES / "logs").iterdir() if p.is_dir())
+    skipping = {p.name: _verdict(analyze_paths([p / "input"] if (p / "input").exists() else [p])) for p in fixtures}
+    _read_every_line(monkeypatch)
+    every = {p.name: _verdict(analyze_paths([p / "input"] if (p / "input").exists() else [p])) for p in fixtures}
+    assert {k: v for k, v in skipping.items() if v != every[k]} == {}
+
+
+def _dense_log(path: Path, lines: int, tail: str) -> None:
+    """A console of 8 ranks where every line holds an anchor word: the retry warnings, evaluation bars and
+    tokenizer warnings real runs print over and over, then ``tail``."""
+    import random
+
+    rng = random.Random(3)
+    out = []
+    for n in range(lines):
+        r = rng.randrange(8)
+        kind = n % 4
+        if kind == 0:
+            out.append(f"[rank{r}]:wandb: Network error (ReadTimeout), entering retry loop. attempt {n}")
+        elif kind == 1:
+            out.append(
+                f"[rank{r}]:Evaluating: {n % 100:3d}%|####      | {n % 100}/100 [00:{n % 60:02d}<00:10, 3.1it/s]"
+            )
+        elif kind == 2:
+            out.append(
+                f"[rank{r}]:Exception ignored in: <function _ConnectionBase.__del__ at 0x7f{rng.getrandbits(40):010x}>"
+            )
+        else:
+            size = rng.randrange(1025, 9000)
+            out.append(f"[rank{r}]:Token indices sequence length is longer than the maximum ({size} > 1024). error")
+    path.write_text("\n".join(out) + "\n" + tail)
+
+
+def test_a_dense_log_is_read_as_every_line_would_be(tmp_path, monkeypatch):
+    """20,000 lines that each hold an anchor (read as a dense chunk), then rank 5's out-of-memory error and the
+    others' timeouts: the culprit is named, as by a read of every line, and quickly."""
+    import time
+
+    tail = "\n".join(_timeouts((r for r in range(8) if r != 5), seq=7)) + "\n"
+    tail += "[rank5]:torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 20.00 GiB. GPU 5 has 79.19 GiB\n"
+    _dense_log(tmp_path / "console.log", 20_000, tail)
+    t0 = time.perf_counter()
+    fast = analyze_paths([tmp_path])
+    fast_s = time.perf_counter() - t0
+    assert (fast.diagnosis.failure_class, fast.diagnosis.initiating_rank) == ("cuda_oom", 5)
+    _read_every_line(monkeypatch)
+    t0 = time.perf_counter()
+    slow = analyze_paths([tmp_path])
+    slow_s = time.perf_counter() - t0
+    assert _verdict(fast) == _verdict(slow)
+    assert fast_s * 3 < slow_s, (fast_s, slow_s)
+
+
+def _timeouts(ranks, seq=4):
+    return [
+        f"[rank{r}]:[Rank {r}] Watchdog caught collective operation timeout: WorkNCCL(SeqNum={seq}, "
+        "OpType=ALLREDUCE, NumelIn=1, NumelOut=1, Timeout(ms)=600000) ran for 600071 milliseconds before timing out."
+        for r in ranks
+    ]
+
+
+def test_a_repeated_line_whose_digits_decide_is_read_every_time(tmp_path):
+    """Lines the same but for digits that decide (a signal's number, an errno): never skipped. Rank 2 logs a
+    SIGTERM banner from a helper process a hundred times, then its own segfault banner."""
+    lines = [f"[rank2]:Caught signal 15 (Terminated) in helper {n}" for n in range(100)]
+    lines.append("[rank2]:Caught signal 11 (Segmentation fault)")
+    lines += _timeouts((0, 1, 3))
+    (tmp_path / "console.log").write_text("\n".join(lines) + "\n")
+    a = analyze_paths([tmp_path])
+    assert (a.diagnosis.failure_class, a.diagnosis.initiating_rank) == ("segfault", 2)
+
+
+def test_a_rank_past_its_line_bound_keeps_a_new_signature(tmp_path):
+    """A rank that logged 500 transient network errors (past the 64 error lines a rank keeps) and then ran out of
+    memory keeps its out-of-memory line: the culprit and class are that."""
+    error = "urllib3.exceptions.ReadTimeoutError: HTTPSConnectionPool(host='hf.co', port=443): Read timed out."
+    lines = [f"[rank1]:{error} (read timeout={n})" for n in range(500)]
+    lines.append("[rank1]:torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 1 has 79.19 GiB")
+    lines += _timeouts((0, 2, 3))
+    (tmp_path / "console.log").write_text("\n".join(lines) + "\n")
+    a = analyze_paths([tmp_path])
+    assert (a.diagnosis.failure_class, a.diagnosis.initiating_rank) == ("cuda_oom", 1)

@@ -10,8 +10,9 @@ This package never imports torch.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import re
-import tomllib
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from functools import cache
@@ -57,7 +58,7 @@ class Signature:
     confirm: tuple[str, ...]
     fix: str
     verify: str
-    patterns: tuple[re.Pattern[str], ...] = ()
+    sources: tuple[str, ...] = ()  # the patterns' texts: compiled on first use (:attr:`patterns`)
     near_misses: tuple[str, ...] = ()
     examples: tuple[str, ...] = ()
     exception_types: tuple[str, ...] = ()
@@ -68,6 +69,16 @@ class Signature:
     # a framework's wrapper exception, raised on every rank, whose text names the rank(s) that failed
     # (groups ``peers``): that rank is the culprit and the inner error gives the class
     wraps: bool = False
+    _compiled: list[tuple[re.Pattern[str], ...]] = field(default_factory=list, repr=False, compare=False, hash=False)
+
+    @property
+    def patterns(self) -> tuple[re.Pattern[str], ...]:
+        """The lines that mark the failure, compiled the first time they are needed: a log rarely admits more
+        than a few signatures (see :meth:`Taxonomy.match_line`), and compiling all of them is most of the
+        start-up of ``elastic-diag analyze``."""
+        if not self._compiled:
+            self._compiled.append(tuple(re.compile(p) for p in self.sources))
+        return self._compiled[0]
 
     def __post_init__(self) -> None:
         if self.failure_class not in FAILURE_CLASSES:
@@ -97,15 +108,20 @@ _FIELDS = {
 }  # fmt: skip
 
 
-def _signature_from_table(table: dict[str, object], source: str) -> Signature:
+def _signature_from_table(table: dict[str, object], source: str, *, checked: bool = False) -> Signature:
+    """A signature from its TOML table; ``checked``: the table comes from the compiled taxonomy, whose patterns
+    compiled when it was written (they are compiled on first use)."""
     unknown = set(table) - _FIELDS
     sid = str(table.get("id", "?"))
     if unknown:
         raise TaxonomyError(f"{source}: signature {sid!r} has unknown fields {sorted(unknown)}")
-    try:
-        patterns = tuple(re.compile(str(p)) for p in table.get("patterns", ()))  # type: ignore[attr-defined]
-    except re.error as e:
-        raise TaxonomyError(f"{source}: signature {sid!r} has a bad pattern: {e}") from e
+    sources = tuple(str(p) for p in table.get("patterns", ()))  # type: ignore[attr-defined]
+    compiled = []
+    if not checked:
+        try:
+            compiled.append(tuple(re.compile(p) for p in sources))
+        except re.error as e:
+            raise TaxonomyError(f"{source}: signature {sid!r} has a bad pattern: {e}") from e
 
     def strings(name: str) -> tuple[str, ...]:
         value = table.get(name, ())
@@ -124,7 +140,8 @@ def _signature_from_table(table: dict[str, object], source: str) -> Signature:
             confirm=strings("confirm"),
             fix=str(table["fix"]).strip(),
             verify=str(table["verify"]).strip(),
-            patterns=patterns,
+            sources=sources,
+            _compiled=compiled,
             near_misses=strings("near_misses"),
             examples=strings("examples"),
             exception_types=strings("exception_types"),
@@ -139,6 +156,12 @@ def _signature_from_table(table: dict[str, object], source: str) -> Signature:
 
 
 def parse_signatures(text: str, source: str = "<string>") -> list[Signature]:
+    return [_signature_from_table(t, source) for t in _tables(text, source)]
+
+
+def _tables(text: str, source: str) -> list[dict[str, object]]:
+    import tomllib  # only where the compiled taxonomy is missing or stale (a file edited, a test's own TOML)
+
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
@@ -146,7 +169,7 @@ def parse_signatures(text: str, source: str = "<string>") -> list[Signature]:
     tables = data.get("signature", [])
     if not isinstance(tables, list):
         raise TaxonomyError(f"{source}: expected [[signature]] tables")
-    return [_signature_from_table(t, source) for t in tables]
+    return tables
 
 
 MEMO_LINES = 8192
@@ -160,7 +183,7 @@ class Taxonomy:
     _unfiltered: frozenset[int] = field(default=frozenset(), repr=False, compare=False)
     _by_id_map: dict[str, Signature] = field(default_factory=dict, repr=False, compare=False, hash=False)
     # identical lines are common across ranks ("Fatal Python error: Aborted", tracebacks): matched once
-    _memo: dict[str, list[tuple[Signature, re.Match[str]]]] = field(
+    _memo: dict[str, tuple[list[tuple[Signature, re.Match[str]]], bool]] = field(
         default_factory=dict, repr=False, compare=False, hash=False
     )
 
@@ -221,16 +244,26 @@ class Taxonomy:
     def match_line(self, line: str) -> list[tuple[Signature, re.Match[str]]]:
         """Every signature matching ``line``, in taxonomy order. The literals are checked once per line
         (about 70 C-level substring tests), then only the signatures they admit run their regexes."""
+        return self.match_line_digits(line)[0]
+
+    def match_line_digits(self, line: str) -> tuple[list[tuple[Signature, re.Match[str]]], bool]:
+        """:meth:`match_line`, and whether the answer is the same for every line that differs from ``line`` in
+        its digits alone: no signature the literals admit has a pattern that tells digits apart (``signal
+        11``, ``[Errno 13]``) and could match, nor one naming another process by number (``rank``,
+        ``pid``, ``peers``). The offline reader skips such a line's repeats."""
         memo = self._memo.get(line)
         if memo is not None:
-            return list(memo)
+            return list(memo[0]), memo[1]
         candidates = set(self._unfiltered)
         for lit, positions in self._by_literal:
             if lit in line:
                 candidates.update(positions)
         hits = []
+        same_for_digits = True
         for i in sorted(candidates):
             s = self.signatures[i]
+            if same_for_digits and _tells_digits_apart(s, line):
+                same_for_digits = False
             for pattern in s.patterns:
                 m = pattern.search(line)
                 if m:
@@ -238,8 +271,8 @@ class Taxonomy:
                     break
         if len(self._memo) >= MEMO_LINES:
             self._memo.clear()
-        self._memo[line] = hits
-        return list(hits)
+        self._memo[line] = (hits, same_for_digits)
+        return list(hits), same_for_digits
 
     def for_exception(self, type_name: str, mro: tuple[str, ...] = ()) -> Signature | None:
         """The signature an exception type maps to: its own name first, then its bases (``mro``, the
@@ -267,6 +300,46 @@ class Taxonomy:
         return best
 
 
+_PROCESS_GROUPS = frozenset({"rank", "pid", "peers"})
+
+
+def _tells_digits_apart(sig: Signature, line: str) -> bool:
+    """Whether a pattern of ``sig`` may match ``line`` with other digits and not as it is, or name another
+    process by the digits it captures: see :meth:`Taxonomy.match_line_digits`."""
+    for pattern in sig.patterns:
+        need = _digit_need(pattern.pattern, bool(_PROCESS_GROUPS.intersection(pattern.groupindex)))
+        if need is not None and (need == "" or need in line):
+            return True
+    return False
+
+
+@cache
+def _digit_need(source: str, names_process: bool = False) -> str | None:
+    """None when the pattern treats every digit alike (``\\d``, ``[0-9]``, counts in braces) and captures no
+    process number; else the longest literal without digits that every match of it holds ("" when it has
+    none of 4 characters or more), so that a line without it cannot match whatever its digits."""
+    bare = re.sub(r"\\[dDwWsS]|\{\d*,?\d*\}|0-9|\(\?P[<=]\w+>?|\\x[0-9a-fA-F]{2}", "", source)
+    if not names_process and not re.search(r"\d", bare):
+        return None
+    try:
+        from re import _parser  # type: ignore[attr-defined]  # the standard library's own parser of patterns
+
+        items = list(_parser.parse(source))
+    except Exception:  # noqa: BLE001 - another Python's internals: the pattern counts as telling digits apart
+        return ""
+    runs: list[str] = []
+    run: list[str] = []
+    for op, arg in items:  # the top-level sequence: its literals are in every match
+        if str(op) == "LITERAL" and not chr(arg).isdigit():
+            run.append(chr(arg))
+            continue
+        runs.append("".join(run))
+        run = []
+    runs.append("".join(run))
+    best = max(runs, key=len)
+    return best if len(best) >= 4 else ""
+
+
 def _data_files() -> Iterable[tuple[str, str]]:
     root = resources.files(__name__)
     for entry in sorted(root.iterdir(), key=lambda e: e.name):
@@ -274,12 +347,44 @@ def _data_files() -> Iterable[tuple[str, str]]:
             yield entry.name, entry.read_text(encoding="utf-8")
 
 
+COMPILED_FILE = "compiled.json"  # the TOML files' tables as JSON, with the digest of the files they came from
+
+
+def _digest(files: list[tuple[str, str]]) -> str:
+    h = hashlib.sha256()
+    for name, text in files:
+        h.update(name.encode() + b"\0" + text.encode() + b"\0")
+    return h.hexdigest()
+
+
+def compiled_taxonomy() -> str:
+    """The text of :data:`COMPILED_FILE` for the TOML files as they are (``python tools/compile_taxonomy.py``
+    writes it; a test checks it is current). Every pattern is compiled once here, so a bad one fails now."""
+    files = list(_data_files())
+    out = []
+    for name, text in files:
+        parse_signatures(text, source=name)
+        out.append([name, _tables(text, name)])
+    return json.dumps({"digest": _digest(files), "files": out}, indent=0, sort_keys=True) + "\n"
+
+
 @cache
 def load_taxonomy() -> Taxonomy:
-    """The built-in taxonomy (cached)."""
+    """The built-in taxonomy (cached). Read from the compiled taxonomy when its digest is the TOML files' (the
+    JSON parser is C: 1 ms, against 30 ms for the TOML parser); else from the TOML files themselves."""
+    files = list(_data_files())
+    try:
+        compiled = json.loads((resources.files(__name__) / COMPILED_FILE).read_text(encoding="utf-8"))
+        current = compiled.get("digest") == _digest(files)
+    except (OSError, ValueError, AttributeError):
+        compiled, current = None, False
     signatures: list[Signature] = []
-    for name, text in _data_files():
-        signatures.extend(parse_signatures(text, source=name))
+    if current:
+        for name, tables in compiled["files"]:
+            signatures.extend(_signature_from_table(t, name, checked=True) for t in tables)
+    else:
+        for name, text in files:
+            signatures.extend(parse_signatures(text, source=name))
     return Taxonomy(tuple(signatures))
 
 
