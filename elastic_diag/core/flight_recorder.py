@@ -24,7 +24,6 @@ from __future__ import annotations
 import io
 import json
 import pickle
-import statistics
 from collections import Counter
 from collections.abc import Collection
 from dataclasses import dataclass, field
@@ -396,7 +395,7 @@ def is_pending(rec: RankRecord, group: str, seq: int) -> bool:
 def lateness(records: dict[int, RankRecord]) -> dict[int, float]:
     """Per rank, the mean over collectives of how late it entered them against the median rank
     (seconds): a straggler enters every collective late. Empty with fewer than 3 ranks."""
-    return {r: statistics.fmean(v) for r, v in lateness_samples(records).items() if len(v) >= 5}
+    return {r: sum(v) / len(v) for r, v in lateness_samples(records).items() if len(v) >= 5}
 
 
 def lateness_samples(records: dict[int, RankRecord]) -> dict[int, list[float]]:
@@ -411,8 +410,15 @@ def lateness_samples(records: dict[int, RankRecord]) -> dict[int, list[float]]:
             times = {r: rec.groups[group][seq].time_ns for r, rec in records.items()}
             if any(t is None for t in times.values()):
                 continue
-            mid = statistics.median(t for t in times.values() if t is not None)
+            mid = _median([t for t in times.values() if t is not None])
             for r, t in times.items():
                 if t is not None:
                     lags[r].append((t - mid) / 1e9)
     return lags
+
+
+def _median(values: list[float]) -> float:
+    """The median (statistics.median, without its import: the analyzer's start-up)."""
+    ordered = sorted(values)
+    mid = len(ordered) // 2
+    return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2

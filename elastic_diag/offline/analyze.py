@@ -15,7 +15,7 @@ import functools
 import os
 import re
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -49,8 +49,10 @@ from elastic_diag.layout import (
     EXCEPTION_FILE,
     FR_MAX_BYTES,
     REPORT_FILE,
+    TAIL_BYTES,
     attempt_dirs,
     is_attempt_dir,
+    last_lines_of,
     load_flight_record,
     read_attempt,
     read_error_file,
@@ -254,7 +256,7 @@ class Analyzer:
                 if any(a in line for a in ANCHORS):
                     for frame in _frames(line[:MAX_LINE].decode("utf-8", errors="replace")):
                         self._line(frame, offset, idx, file_rank)
-            self._read_end(f, file_rank)
+            self._read_end(f, file_rank, read_tail_bytes(f, COMPLETION_LINES))
             done.add(f)
 
     def _mapping_pass(self) -> None:
@@ -310,7 +312,7 @@ class Analyzer:
             fp.seek(0)
             self._wrap = wrap_width(head)
             try:
-                self._scan(fp, idx, file_rank, self._read_chunk)
+                tail = self._scan(fp, idx, file_rank, self._read_chunk)
                 self._flush_phases()
             finally:
                 self._phases.clear()
@@ -318,12 +320,12 @@ class Analyzer:
                 self._seen.clear()
                 self._dense = False
                 self._wrap = self._block_rank = None
-        self._read_end(path, file_rank)
+        self._read_end(path, file_rank, last_lines_of(tail, COMPLETION_LINES))
 
-    def _read_end(self, path: Path, rank: int | None) -> None:
-        """The end of the file, read once: its last lines belong to the rank, and a line there may say
-        the run ended well (looked for only in lines holding one of the completion lines' words)."""
-        last = _last_lines(path, COMPLETION_LINES)
+    def _read_end(self, path: Path, rank: int | None, last: list[bytes]) -> None:
+        """The end of the file (``last``: its last lines, kept by :meth:`_scan`): its last lines belong to the
+        rank, and a line there may say the run ended well (looked for only in lines holding one of the
+        completion lines' words)."""
         if rank is not None:
             log = self.facts.rank(rank)
             for line in last[-TAIL_LINES:]:
@@ -352,30 +354,14 @@ class Analyzer:
 
     def _scan(
         self, fp: Any, idx: int, file_rank: int | None, on_chunk: Callable[[bytes, int, int, int | None], None]
-    ) -> None:
-        """The file in chunks of whole lines (a giant line is cut), each given to ``on_chunk``."""
-        carry = b""
-        base = 0
-        while True:
-            block = fp.read(CHUNK)
-            if not block:
-                break
-            data = carry + block
-            cut = data.rfind(b"\n")
-            if cut < 0 and len(data) < 4 * CHUNK:
-                carry = data
-                continue
-            if cut < 0:
-                cut = len(data) - 1  # a giant line: cut it
-            if self._wrap and cut > 0:  # a wrapped line at the end stays with its continuation
-                prev = data.rfind(b"\n", 0, cut)
-                if cut - prev - 1 == self._wrap and prev >= 0:
-                    cut = prev
-            chunk, carry = data[: cut + 1], data[cut + 1 :]
+    ) -> bytes:
+        """The file in chunks of whole lines (a giant line is cut), each given to ``on_chunk``; returns the last
+        :data:`TAIL_BYTES` of it (read once: a gzipped log cannot be read from its end)."""
+        tail = b""
+        for chunk, base in chunks_of(fp.read, self._wrap):
             on_chunk(chunk, base, idx, file_rank)
-            base += len(chunk)
-        if carry:
-            on_chunk(carry + b"\n", base, idx, file_rank)
+            tail = chunk[-TAIL_BYTES:] if len(chunk) >= TAIL_BYTES else (tail + chunk)[-TAIL_BYTES:]
+        return tail
 
     def _map_chunk(self, chunk: bytes, base: int, idx: int, file_rank: int | None) -> None:
         """The second pass: only the lines that map pids and local ranks to ranks."""
@@ -518,7 +504,7 @@ class Analyzer:
             for raw in self._physical_line(line_bytes):
                 parsed = self.parse(raw)
                 text = parsed.text.strip()
-                if _PHASE.search(text):
+                if is_phase_line(text):
                     rank = self.resolver.line_rank(parsed, text, file_rank)
                     kept.append(evidence_line(text, time=parsed.time, clock=parsed.clock, order=order,
                                               source=self.facts.files[idx], offset=offset, rank=rank))  # fmt: skip
@@ -594,7 +580,7 @@ class Analyzer:
             return evidence_line(text, time=parsed.time, clock=parsed.clock, order=self._order, source=source,
                                  offset=offset, rank=rank, signature=sig_id)  # fmt: skip
 
-        phase = _PHASE.search(text) is not None
+        phase = is_phase_line(text)
         if phase:
             self.facts.phase_lines.append(line(None, rank))
         exc = EXC_LINE.match(text)
@@ -759,19 +745,31 @@ def combined(folders: list[AttemptEvidence], logs: AttemptEvidence) -> AttemptEv
     )  # fmt: skip
 
 
-def _last_lines(path: Path, n: int) -> list[bytes]:
-    """The last lines of a log, undecoded: the live capture's bounded reader, or for a gzipped log the
-    whole stream read once (a compressed file cannot be read from its end)."""
-    if not path.name.endswith(GZIP_SUFFIX):
-        return read_tail_bytes(path, n)
-    last: deque[bytes] = deque(maxlen=n)
-    try:
-        with open_log(path) as fp:
-            for raw in fp:
-                last.append(raw.rstrip(b"\r\n"))
-    except (OSError, EOFError):
-        pass  # a truncated or corrupt archive: the lines before the damage count
-    return list(last)
+def chunks_of(read: Callable[[int], bytes], wrap: int | None) -> Iterator[tuple[bytes, int]]:
+    """A file's bytes (``read(n)``) as chunks of whole lines and their offsets: at most :data:`CHUNK` bytes read
+    at a time, a line longer than 4 chunks cut, a hard-wrapped line (``wrap``) kept with its continuation."""
+    carry = b""
+    base = 0
+    while True:
+        block = read(CHUNK)
+        if not block:
+            break
+        data = carry + block
+        cut = data.rfind(b"\n")
+        if cut < 0 and len(data) < 4 * CHUNK:
+            carry = data
+            continue
+        if cut < 0:
+            cut = len(data) - 1  # a giant line: cut it
+        if wrap and cut > 0:  # a wrapped line at the end stays with its continuation
+            prev = data.rfind(b"\n", 0, cut)
+            if cut - prev - 1 == wrap and prev >= 0:
+                cut = prev
+        chunk, carry = data[: cut + 1], data[cut + 1 :]
+        yield chunk, base
+        base += len(chunk)
+    if carry:
+        yield carry + b"\n", base
 
 
 def _decode(line: bytes) -> str:
@@ -796,6 +794,15 @@ _PHASE = re.compile(r"\b(?:[Ss]aving (?:model )?(?:checkpoint|model|state|weight
                     r"|^\s*Map(?: \(num_proc=\d+\))?:\s+\d+%"
                     r"|Grouping texts in chunks|Packing (?:the )?dataset"
                     r"|Generating (?:train|validation|test) split)")  # fmt: skip
+
+
+# every phase line holds one of these (the pattern costs 7 us a line: these are tested first)
+_PHASE_WORDS = ("aving ", "valuat", "alidation ", "okeniz", "Map", "rouping texts", "acking ", "enerating ")
+
+
+def is_phase_line(text: str) -> bool:
+    """The line says a rank-local phase began (a checkpoint save, an evaluation, data preparation)."""
+    return any(word in text for word in _PHASE_WORDS) and _PHASE.search(text) is not None
 
 
 # what launchers raise about their workers' failures (torchrun, torch.multiprocessing.spawn, accelerate)

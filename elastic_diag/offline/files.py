@@ -6,13 +6,9 @@ many per-rank files at once). Only the lines it returns are parsed in Python.
 from __future__ import annotations
 
 import functools
-import gzip
 import os
 import re
-import subprocess
-import tempfile
 from collections.abc import Callable, Iterable, Iterator
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, BinaryIO, cast
 
@@ -183,6 +179,9 @@ def is_binary(head: bytes) -> bool:
 def grep_batches(files: list[Path], progress: Callable[[str], None]) -> Iterator[tuple[list[Path], bytes]]:
     """The system grep's matching lines (``-b -H -Z``: file, NUL, byte offset, line) of ``files`` in batches,
     one grep per usable core, in order. A batch grep could not do is not yielded (Python reads it)."""
+    import subprocess  # the grep prefilter's modules load only when it is used (the analyzer's start-up)
+    from concurrent.futures import ThreadPoolExecutor
+
     # One ERE alternation in the C locale: GNU grep's DFA runs it 1.6x faster than -F with the same
     # strings (its multi-string search slows down with short anchors; docs/benchmarks.md).
     pattern = "|".join(anchor_ere(a) for a in (*ANCHORS, *SUMMARY_MARKS))
@@ -279,6 +278,9 @@ def grep_is_gnu_compatible() -> bool:
     """Whether the ``grep`` on PATH prints what :func:`grep_batches` parses: ``file NUL offset:line``.
     BusyBox's has no ``-b``/``-Z``; BSD's ``-Z`` means decompress; some systems have no grep at all.
     Tried once per process on a two-line file."""
+    import subprocess
+    import tempfile
+
     try:
         with tempfile.TemporaryDirectory(prefix="elastic_diag_grep_") as tmp:
             probe = os.path.join(tmp, "rank_0.log")
@@ -299,5 +301,7 @@ OTHER_COMPRESSED = (".zst", ".xz", ".bz2", ".lz4", ".zip", ".7z", ".tgz")
 def open_log(path: Path) -> BinaryIO:
     """A log file's bytes, decompressed when it is gzipped."""
     if path.name.endswith(GZIP_SUFFIX):
+        import gzip
+
         return cast(BinaryIO, gzip.open(path, "rb"))
     return open(path, "rb")

@@ -10,15 +10,16 @@ This package never imports torch.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import re
+import zlib
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from functools import cache
 from importlib import resources
 from typing import Literal, cast, get_args
 
+from elastic_diag.core.literal_set import LiteralSet
 from elastic_diag.errors import TaxonomyError
 
 FAILURE_CLASSES = (
@@ -182,6 +183,8 @@ class Taxonomy:
     _by_literal: tuple[tuple[str, tuple[int, ...]], ...] = field(default=(), repr=False, compare=False)
     _unfiltered: frozenset[int] = field(default=frozenset(), repr=False, compare=False)
     _by_id_map: dict[str, Signature] = field(default_factory=dict, repr=False, compare=False, hash=False)
+    _literals: LiteralSet | None = field(default=None, repr=False, compare=False, hash=False)  # built on first use
+    _digit_needs: list[tuple[str, ...] | None] = field(default_factory=list, repr=False, compare=False, hash=False)
     # identical lines are common across ranks ("Fatal Python error: Aborted", tracebacks): matched once
     _memo: dict[str, tuple[list[tuple[Signature, re.Match[str]]], bool]] = field(
         default_factory=dict, repr=False, compare=False, hash=False
@@ -255,15 +258,21 @@ class Taxonomy:
         if memo is not None:
             return list(memo[0]), memo[1]
         candidates = set(self._unfiltered)
-        for lit, positions in self._by_literal:
-            if lit in line:
-                candidates.update(positions)
+        if self._literals is None:
+            object.__setattr__(self, "_literals", LiteralSet(tuple(lit for lit, _ in self._by_literal)))
+            object.__setattr__(self, "_digit_needs", [None] * len(self.signatures))
+        for i in self._literals.find(line):  # type: ignore[union-attr]  # set just above
+            candidates.update(self._by_literal[i][1])
         hits = []
         same_for_digits = True
         for i in sorted(candidates):
             s = self.signatures[i]
-            if same_for_digits and _tells_digits_apart(s, line):
-                same_for_digits = False
+            if same_for_digits:
+                needs = self._digit_needs[i]
+                if needs is None:
+                    needs = self._digit_needs[i] = _digit_needs(s)  # compiles its patterns: a candidate only
+                if any(need == "" or need in line for need in needs):
+                    same_for_digits = False
             for pattern in s.patterns:
                 m = pattern.search(line)
                 if m:
@@ -303,14 +312,12 @@ class Taxonomy:
 _PROCESS_GROUPS = frozenset({"rank", "pid", "peers"})
 
 
-def _tells_digits_apart(sig: Signature, line: str) -> bool:
-    """Whether a pattern of ``sig`` may match ``line`` with other digits and not as it is, or name another
-    process by the digits it captures: see :meth:`Taxonomy.match_line_digits`."""
-    for pattern in sig.patterns:
-        need = _digit_need(pattern.pattern, bool(_PROCESS_GROUPS.intersection(pattern.groupindex)))
-        if need is not None and (need == "" or need in line):
-            return True
-    return False
+def _digit_needs(sig: Signature) -> tuple[str, ...]:
+    """Of each pattern of ``sig`` that may match a line with other digits and not as it is, or names another
+    process by the digits it captures: the literal a line must hold for it to match ("": none known). See
+    :meth:`Taxonomy.match_line_digits`."""
+    needs = (_digit_need(p.pattern, bool(_PROCESS_GROUPS.intersection(p.groupindex))) for p in sig.patterns)
+    return tuple(need for need in needs if need is not None)
 
 
 @cache
@@ -351,10 +358,15 @@ COMPILED_FILE = "compiled.json"  # the TOML files' tables as JSON, with the dige
 
 
 def _digest(files: list[tuple[str, str]]) -> str:
-    h = hashlib.sha256()
+    """Tells an edited TOML file from the one the compiled taxonomy came from (CRC-32 and sizes: hashlib's
+    import alone costs more than reading the compiled file)."""
+    crc = 0
+    sizes = []
     for name, text in files:
-        h.update(name.encode() + b"\0" + text.encode() + b"\0")
-    return h.hexdigest()
+        data = name.encode() + b"\0" + text.encode()
+        crc = zlib.crc32(data, crc)
+        sizes.append(str(len(data)))
+    return f"{crc:08x}-{'-'.join(sizes)}"
 
 
 def compiled_taxonomy() -> str:
