@@ -257,6 +257,47 @@ def generate_dense(folder: Path, n_lines: int, ranks: int, culprit: int) -> int:
     return len(data)
 
 
+def generate_hostile(folder: Path, size: int) -> dict[str, Path]:
+    """Inputs that must stay bounded (peak RSS < 500 MB): one line of ``size`` bytes (a progress bar rewritten
+    with ``\\r`` and never a newline) and then a rank's error, a ``[rank0]:`` prefix followed by an unterminated
+    tail of ``size`` bytes, a rank number of a billion, and a .gz that expands about 1,000x to ``size`` bytes."""
+    import gzip
+
+    unit = b"Epoch 0:  45%|####5     | 450/1000 [00:12<00:15, 36.1it/s, loss=2.31, v_num=0]\r"
+    block = unit * (8 * 1024 * 1024 // len(unit))
+
+    def repeat(path: Path, head: bytes, tail: bytes) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(path, "wb") as f:
+            f.write(head)
+            for _ in range(max(1, size // len(block))):
+                f.write(block)
+            f.write(tail)
+
+    cases = {name: folder / name / "console.log" for name in ("one_line", "unterminated_tail", "rank_a_billion")}
+    repeat(cases["one_line"], b"", b"\n[rank3]:RuntimeError: CUDA error: an illegal memory access was encountered\n")
+    repeat(cases["unterminated_tail"], b"[rank1]:RuntimeError: boom from rank 1\n[rank0]:", b"")
+    timeout = (
+        "Watchdog caught collective operation timeout: WorkNCCL(SeqNum=7, OpType=ALLREDUCE, NumelIn=1, NumelOut=1, "
+        "Timeout(ms)=600000) ran for 600071 milliseconds before timing out."
+    )
+    cases["rank_a_billion"].parent.mkdir(parents=True, exist_ok=True)
+    cases["rank_a_billion"].write_text(
+        "[rank1000000000]:RuntimeError: CUDA error: an illegal memory access was encountered\n"
+        f"[rank0]:[Rank 0] {timeout}\n[rank999999999]:[Rank 999999999] {timeout}\n"
+        "  rank      : 1000000000 (local_rank: 1000000000)\n  exitcode  : 1 (pid: 4242)\n"
+    )
+    bomb = folder / "gzip_bomb" / "console.log.gz"
+    bomb.parent.mkdir(parents=True, exist_ok=True)
+    with gzip.open(bomb, "wb", compresslevel=9) as f:
+        line = b"[rank2]:" + b"." * (1 << 20) + b"\n"  # wget's progress dots: 1,000x
+        for _ in range(max(1, size >> 20)):
+            f.write(line)
+        f.write(b"[rank2]:RuntimeError: the end\n")
+    cases["gzip_bomb"] = bomb
+    return cases
+
+
 def _timed(argv: list[str], env: dict[str, str]) -> tuple[float, float, str]:
     """Wall seconds, peak RSS in MB of this child alone (os.wait4's rusage), stdout."""
     with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
@@ -295,8 +336,29 @@ def main() -> None:
         default=0,
         help="instead: one console log of this many lines that each carry an anchor word (16 ranks)",
     )
+    ap.add_argument(
+        "--hostile",
+        action="store_true",
+        help="instead: the bounded-memory inputs (a line of --total-mb, a rank prefix and an unterminated tail, a "
+        "rank of a billion, a 1,000x .gz), each analyzed once: time, peak RSS, what was noted",
+    )
     a = ap.parse_args()
     folder = Path(a.dir) if a.dir else Path(tempfile.mkdtemp(prefix="elastic_diag_bench_"))
+    if a.hostile:
+        try:
+            env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+            for name, path in generate_hostile(folder, a.total_mb << 20).items():
+                wall, rss, out = _timed(
+                    [sys.executable, "-m", "elastic_diag.cli", "analyze", "--json", str(path.parent)], env
+                )
+                d = json.loads(out)
+                verdict = f"{d['diagnosis']['failure_class']} rank {d['diagnosis']['initiating_rank']}"
+                print(f"{name}: {path.stat().st_size / 1e6:.0f} MB on disk, {wall:.2f} s, peak RSS {rss:.0f} MB "
+                      f"(target < 500); verdict {verdict}; skipped: {d.get('skipped') or 'nothing'}")  # fmt: skip
+        finally:
+            if not a.keep and not a.dir:
+                shutil.rmtree(folder, ignore_errors=True)
+        return
     if a.dense_lines:
         a.ranks = 16
     culprit = min(a.ranks - 1, a.ranks // 2 + 225) if not a.dense_lines else 11

@@ -261,16 +261,19 @@ class Analyzer:
 
     def _mapping_pass(self) -> None:
         """Second pass over the text files, for the lines that map pids / local ranks to ranks."""
-        try:
-            for idx, name in enumerate(self.facts.files):
-                with open(name, "rb") as fp:
+        for idx, name in enumerate(self.facts.files):
+            path = Path(name)
+            if path.suffix in (".json", ".pkl", ".pickle") or not path.is_file():
+                continue  # an evidence folder, a report, a flight record: read in the first pass
+            try:
+                with open_log(path) as fp:  # a gzipped log decompressed again (bounded as in the first pass)
                     file_rank = rank_from_path(name)
                     head = fp.read(8192)
                     self.resolver.start_file(fp, head, file_rank)
                     fp.seek(0)
                     self._scan(fp, idx, file_rank, self._map_chunk)
-        except OSError as e:
-            self.facts.skipped.append(f"second pass: {e.strerror or e}")
+            except (OSError, EOFError) as e:
+                self.facts.skipped.append(f"{name}: second pass: {getattr(e, 'strerror', None) or e}")
 
     def _add_folder(self, attempt_dir: Path) -> None:
         """An attempt of ``torchrun-diag``'s evidence folder, read as the live agent reads it."""
@@ -358,10 +361,21 @@ class Analyzer:
         """The file in chunks of whole lines (a giant line is cut), each given to ``on_chunk``; returns the last
         :data:`TAIL_BYTES` of it (read once: a gzipped log cannot be read from its end)."""
         tail = b""
-        for chunk, base in chunks_of(fp.read, self._wrap):
+        read = fp.read
+        path = Path(self.facts.files[idx])
+        if path.name.endswith(GZIP_SUFFIX):  # a compression bomb, or a log of one line repeated: read a bounded part
+            limit = max(GZIP_MIN_LIMIT, GZIP_RATIO_LIMIT * path.stat().st_size)
+            read = _bounded(fp.read, limit, lambda: self._cut_short(path, limit))
+        for chunk, base in chunks_of(read, self._wrap):
             on_chunk(chunk, base, idx, file_rank)
             tail = chunk[-TAIL_BYTES:] if len(chunk) >= TAIL_BYTES else (tail + chunk)[-TAIL_BYTES:]
         return tail
+
+    def _cut_short(self, path: Path, limit: int) -> None:
+        note = (f"{path}: expands more than {GZIP_RATIO_LIMIT}x (a compression bomb, or one line repeated): read its "
+                f"first {limit >> 20} MiB decompressed, the rest was not read")  # fmt: skip
+        if note not in self.facts.skipped:
+            self.facts.skipped.append(note)
 
     def _map_chunk(self, chunk: bytes, base: int, idx: int, file_rank: int | None) -> None:
         """The second pass: only the lines that map pids and local ranks to ranks."""
@@ -743,6 +757,28 @@ def combined(folders: list[AttemptEvidence], logs: AttemptEvidence) -> AttemptEv
         came_up=any(f.came_up for f in folders) if any(f.came_up is not None for f in folders) else None,
         stalls=tuple(s for f in folders for s in f.stalls),
     )  # fmt: skip
+
+
+# a gzipped log is read up to this many times its compressed size decompressed (at least GZIP_MIN_LIMIT bytes):
+# real logs compress 5 to 30x; a bomb (or a log of one line repeated) expands 1,000x
+GZIP_RATIO_LIMIT = 100
+GZIP_MIN_LIMIT = 256 << 20
+
+
+def _bounded(read: Callable[[int], bytes], limit: int, on_cut: Callable[[], None]) -> Callable[[int], bytes]:
+    """``read`` that gives at most ``limit`` bytes in all, and calls ``on_cut`` when there was more."""
+    done = [0]
+
+    def bounded(n: int) -> bytes:
+        if done[0] >= limit:
+            if read(1):
+                on_cut()
+            return b""
+        data = read(min(n, limit - done[0]))
+        done[0] += len(data)
+        return data
+
+    return bounded
 
 
 def chunks_of(read: Callable[[int], bytes], wrap: int | None) -> Iterator[tuple[bytes, int]]:

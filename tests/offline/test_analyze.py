@@ -559,3 +559,45 @@ def test_a_rank_past_its_line_bound_keeps_a_new_signature(tmp_path):
     (tmp_path / "console.log").write_text("\n".join(lines) + "\n")
     a = analyze_paths([tmp_path])
     assert (a.diagnosis.failure_class, a.diagnosis.initiating_rank) == ("cuda_oom", 1)
+
+
+# --- bounded on hostile input ---------------------------------------------------------------------------------
+
+
+def test_a_gzip_that_expands_a_thousand_times_is_read_in_part_and_says_so(tmp_path, monkeypatch):
+    """A .gz of wget-style progress dots (1,000x): read up to 100x its size (at least GZIP_MIN_LIMIT, 1 MiB
+    here), the rest not read, and the note says so; never called healthy."""
+    import gzip
+
+    import elastic_diag.offline.analyze as analyze
+
+    monkeypatch.setattr(analyze, "GZIP_MIN_LIMIT", 1 << 20)
+    with gzip.open(tmp_path / "console.log.gz", "wb", compresslevel=9) as f:
+        for _ in range(16):
+            f.write(b"[rank2]:" + b"." * (1 << 20) + b"\n")
+        f.write(b"[rank2]:RuntimeError: the end\n")
+    assert (tmp_path / "console.log.gz").stat().st_size * 500 < 16 << 20
+    a = analyze_paths([tmp_path])
+    assert any("expands more than 100x" in note and "read its first 1 MiB" in note for note in a.skipped), a.skipped
+    assert a.diagnosis.failure_class != "healthy"
+
+
+def test_a_line_of_48_mb_and_a_rank_of_a_billion_stay_small(tmp_path):
+    """One physical line of 48 MB (a progress bar rewritten with \\r, never a newline) before rank 3's error, and a
+    rank number of a billion: the culprit is named and the reader's peak memory stays far below the line's size
+    (a child process, its own peak RSS)."""
+    bar = b"Epoch 0:  45%|####5     | 450/1000 [00:12<00:15, 36.1it/s, loss=2.31]\r"
+    with open(tmp_path / "console.log", "wb") as f:
+        f.write(bar * ((48 << 20) // len(bar)))
+        f.write(b"\n[rank3]:RuntimeError: CUDA error: an illegal memory access was encountered\n")
+    billion = "[rank1000000000]:[Rank 1000000000] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=7, "
+    (tmp_path / "other.log").write_text(billion + "OpType=ALLREDUCE) ran for 600071 milliseconds\n")
+    proc = subprocess.Popen([sys.executable, "-m", "elastic_diag.cli", "analyze", "--json", str(tmp_path)],
+                            stdout=subprocess.PIPE, cwd=ROOT)  # fmt: skip
+    out = proc.stdout.read() if proc.stdout else b""
+    _, status, usage = os.wait4(proc.pid, 0)  # its own peak RSS (getrusage of children would add others')
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    proc.stdout.close()  # type: ignore[union-attr]
+    d = json.loads(out)["diagnosis"]
+    assert (d["failure_class"], d["initiating_rank"]) == ("cuda_error", 3)
+    assert usage.ru_maxrss < 200 * 1024, f"peak RSS {usage.ru_maxrss} KB"
