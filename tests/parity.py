@@ -88,7 +88,7 @@ DOCUMENTED: dict[str, dict[str, str]] = {
                                                       "reduce_scatter_shard_size.py")},
     **{script: {"console": _CALLS} for script in ("broadcast_best_checkpoint_src.py", "gather_counts_logger_rank.py",
                                                     "broadcast_object_list_two_sources.py",
-                                                    "pipeline_skips_empty_send.py")},
+                                                    "pipeline_skips_empty_send.py", "scatter_shards_reader_rank.py")},
     "python -c": {"console": "the Python API prints no failure table: a console does not show the ranks' exits"},
     "tests/launch/test_launcher_matrix.py::test_unusable_evidence_folder_degrades_to_plain_torchrun": {
         "rank_folders": "the evidence folder could not be written: no rank folder"},

@@ -216,6 +216,8 @@ CASES: list[Scenario] = [
     # new_group_member_only.py (a new_group skipped by rank 2) is named right when it ends, but the ranks' groups
     # then get each other's names and at times two ranks wait on the store past any timeout: left out until that
     # race is understood (its clean variant runs below; core/calls.py's unit tests cover the comparison)
+    Scenario("scatter_shards_reader_rank.py", 3, 1, "collective_desync", None, "calls_differ",
+             check=_summary_has("did not join the others' scatter", "rank 1 called scatter with root 1")),
     Scenario("broadcast_object_list_two_sources.py", 2, None, "collective_desync", None, "calls_differ",
              check=_summary_has("no majority", "rank 0 called broadcast with root 0",
                                 "rank 1 called broadcast with root 1")),
@@ -225,7 +227,7 @@ CASES: list[Scenario] = [
     *(Scenario(script, nproc, None, "healthy", returncode=0, env={"SCENARIO_FAIL_RANK": "-1"})
       for script, nproc in (("broadcast_best_checkpoint_src.py", 2), ("gather_counts_logger_rank.py", 2),
                             ("new_group_member_only.py", 3), ("broadcast_object_list_two_sources.py", 2),
-                            ("pipeline_skips_empty_send.py", 3))),
+                            ("pipeline_skips_empty_send.py", 3), ("scatter_shards_reader_rank.py", 3))),
     Scenario("two_ranks_gather_mismatch.py", 2, None, "collective_mismatch", None, "schedules_disagree",
              check=_summary_has("no majority")),
     Scenario("pipeline_send_shape.py", 2, None, "collective_mismatch", None, "no_rank_named",
