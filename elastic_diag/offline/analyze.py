@@ -411,9 +411,12 @@ class Analyzer:
     def _key(self, line_bytes: bytes, file_rank: int | None) -> tuple[int | None, bytes, bytes] | None:
         """:func:`line_key`; None while a state of the read makes each line count (a spawned process's
         traceback, a failing excepthook, our own summary)."""
-        if self._block_rank is not None or self._hook_failed or self._in_own_summary:
-            return None
-        return line_key(line_bytes, file_rank)
+        return line_key(line_bytes, file_rank) if self._keyed else None
+
+    @property
+    def _keyed(self) -> bool:
+        """Lines may be keyed: no state of the read makes each line count."""
+        return self._block_rank is None and not self._hook_failed and not self._in_own_summary
 
     def _candidate(
         self,
@@ -432,14 +435,18 @@ class Analyzer:
             if kind in (SKIP, QUIET):
                 return
             if kind == PHASE:
-                self._order += 1
-                self._phases.append((self._order, line_bytes, offset, idx, file_rank))
+                self._put_aside(line_bytes, offset, idx, file_rank)
                 return
         kind = SKIP
         for line in self._physical_line(line_bytes):
             kind = min(kind, self._line(line, offset, idx, file_rank, key[1] if key is not None else None))
         if key is not None and kind != READ_AGAIN:
             self._remember(key, kind, line_bytes)
+
+    def _put_aside(self, line_bytes: bytes, offset: int, idx: int, file_rank: int | None) -> None:
+        """A phase line again: only its place in the order now; the last ones are read at the file's end."""
+        self._order += 1
+        self._phases.append((self._order, line_bytes, offset, idx, file_rank))
 
     def _remember(self, key: tuple[int | None, bytes, bytes], kind: int, line_bytes: bytes) -> None:
         """What the repeats of the line of ``key`` are; for a line without a hex run, under its shape too."""
@@ -462,7 +469,7 @@ class Analyzer:
         if lines and not lines[-1]:
             lines.pop()
         shapes = self._shapes
-        free = self._block_rank is None and not self._hook_failed and not self._in_own_summary
+        free = self._keyed
         for line_bytes in lines:
             start = offset
             offset += len(line_bytes) + 1
@@ -481,8 +488,7 @@ class Analyzer:
                     quiet += 1
                     continue
                 if kind == PHASE:
-                    self._order += 1
-                    self._phases.append((self._order, line_bytes, start, idx, file_rank))
+                    self._put_aside(line_bytes, start, idx, file_rank)
                     continue
                 key = line_key(line_bytes, file_rank)
                 kind = seen.get(key)
@@ -499,7 +505,7 @@ class Analyzer:
                         self._remember(key, QUIET, line_bytes)
                     continue
             self._candidate(line_bytes, start, idx, file_rank, key)
-            free = self._block_rank is None and not self._hook_failed and not self._in_own_summary
+            free = self._keyed
         return 2 * quiet < len(lines)
 
     def _physical_line(self, line_bytes: bytes) -> list[str]:
@@ -650,7 +656,9 @@ class Analyzer:
             log.exception = ExceptionRecord(type=exc["type"], message=exc["msg"] or "", traceback="", time=parsed.time)
         if not same:
             return READ_AGAIN
-        return PHASE if phase and not hits else (SKIP if not phase else READ_AGAIN)
+        if phase:
+            return READ_AGAIN if hits else PHASE
+        return SKIP
 
     def _own_summary(self, text: str) -> bool:
         """torchrun-diag's own summary at the end of a run it printed (a console pasted whole): its verdict is

@@ -538,15 +538,18 @@ def _timeouts(ranks, seq=4):
     ]
 
 
+def _class_and_culprit(folder: Path, lines: list[str]) -> tuple[str, int | None]:
+    (folder / "console.log").write_text("\n".join(lines) + "\n")
+    d = analyze_paths([folder]).diagnosis
+    return d.failure_class, d.initiating_rank
+
+
 def test_a_repeated_line_whose_digits_decide_is_read_every_time(tmp_path):
     """Lines the same but for digits that decide (a signal's number, an errno): never skipped. Rank 2 logs a
     SIGTERM banner from a helper process a hundred times, then its own segfault banner."""
     lines = [f"[rank2]:Caught signal 15 (Terminated) in helper {n}" for n in range(100)]
     lines.append("[rank2]:Caught signal 11 (Segmentation fault)")
-    lines += _timeouts((0, 1, 3))
-    (tmp_path / "console.log").write_text("\n".join(lines) + "\n")
-    a = analyze_paths([tmp_path])
-    assert (a.diagnosis.failure_class, a.diagnosis.initiating_rank) == ("segfault", 2)
+    assert _class_and_culprit(tmp_path, lines + _timeouts((0, 1, 3))) == ("segfault", 2)
 
 
 def test_a_rank_past_its_line_bound_keeps_a_new_signature(tmp_path):
@@ -555,10 +558,56 @@ def test_a_rank_past_its_line_bound_keeps_a_new_signature(tmp_path):
     error = "urllib3.exceptions.ReadTimeoutError: HTTPSConnectionPool(host='hf.co', port=443): Read timed out."
     lines = [f"[rank1]:{error} (read timeout={n})" for n in range(500)]
     lines.append("[rank1]:torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 1 has 79.19 GiB")
-    lines += _timeouts((0, 2, 3))
-    (tmp_path / "console.log").write_text("\n".join(lines) + "\n")
-    a = analyze_paths([tmp_path])
-    assert (a.diagnosis.failure_class, a.diagnosis.initiating_rank) == ("cuda_oom", 1)
+    assert _class_and_culprit(tmp_path, lines + _timeouts((0, 2, 3))) == ("cuda_oom", 1)
+
+
+_GREEN, _RESET = "\x1b[32m", "\x1b[0m"
+# the same failure as users meet it, each a log of 3,000 repeated lines then the culprit's error: (name, lines)
+_REPEAT_VARIANTS = [
+    # Lightning's progress bar with colours, frames joined by \r on one physical line, srun --label prefixes
+    (
+        "srun_label_colour_bars",
+        [
+            f"{r}: {_GREEN}Epoch 0:{_RESET} "
+            + "\r".join(
+                f"{k:3d}%|##| {k}/100 [00:0{k % 10}<00:09, 9.{k}it/s, loss=nan]" for k in range(n % 50, n % 50 + 3)
+            )
+            for n in range(3000)
+            for r in (n % 4,)
+        ]
+        + ["2: RuntimeError: CUDA error: an illegal memory access was encountered"],
+    ),
+    # accelerate's logger repeating a dataloader warning with a changing address, then rank 3's own error
+    (
+        "accelerate_warning_addresses",
+        [
+            f"[rank{n % 4}]:{n:05d} - WARNING - accelerate.data_loader - batch sampler <object at 0x7f{n * 7919:010x}> "
+            "skipped an incomplete batch: error in collate"
+            for n in range(3000)
+        ]
+        + ["[rank3]:ValueError: expected sequence of length 128 at dim 1 (got 97)"],
+    ),
+    # DeepSpeed-style bracketed timestamps on every line and a retry error with a changing attempt number
+    (
+        "deepspeed_timestamped_retries",
+        [
+            f"[rank{n % 4}]:[2026-12-03 10:{n // 60 % 60:02d}:{n % 60:02d},{n % 1000:03d}] [WARNING] [engine.py:42] "
+            f"checkpoint upload attempt {n} failed: Connection reset by peer"
+            for n in range(3000)
+        ]
+        + ["[rank0]:torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 1.00 GiB. GPU 0 has 79.19 GiB"],
+    ),
+]
+
+
+@pytest.mark.parametrize(("name", "lines"), _REPEAT_VARIANTS, ids=[v[0] for v in _REPEAT_VARIANTS])
+def test_repeats_in_other_wordings_give_the_verdict_of_every_line(tmp_path, monkeypatch, name, lines):
+    """Colours, \\r-joined progress bars, srun's task labels, addresses and timestamps in repeated lines: the
+    culprit's own error comes through, and the verdict is the one of a read of every line."""
+    fast = _class_and_culprit(tmp_path, lines)
+    assert fast[1] == {"srun_label_colour_bars": 2, "accelerate_warning_addresses": 3}.get(name, 0), fast
+    _read_every_line(monkeypatch)
+    assert _class_and_culprit(tmp_path, lines) == fast
 
 
 # --- bounded on hostile input ---------------------------------------------------------------------------------
