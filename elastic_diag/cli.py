@@ -80,6 +80,7 @@ def _cmd_explain(args: argparse.Namespace) -> int:
 def _cmd_analyze(args: argparse.Namespace) -> int:
     import json
 
+    from elastic_diag import redaction
     from elastic_diag.offline.analyze import analyze_paths, format_analysis
     from elastic_diag.report.terminal import Paint, Progress, wants_colour
 
@@ -90,7 +91,7 @@ def _cmd_analyze(args: argparse.Namespace) -> int:
     with Progress("elastic-diag analyze", sys.stderr) as progress:
         analysis = analyze_paths(args.paths, progress=progress.update)
     if args.json:
-        print(json.dumps(analysis.to_json(), indent=2))
+        print(json.dumps(redaction.current().data(analysis.to_json()), indent=2))  # JSON escapes control characters
     else:
         print(format_analysis(analysis, Paint(wants_colour(sys.stdout))))
     if not analysis.files:
@@ -112,14 +113,15 @@ def _diag_dir(arg: str) -> Path | None:
 
 def _cmd_report(args: argparse.Namespace) -> int:
     from elastic_diag.report.html import write_html
+    from elastic_diag.report.terminal import shown
 
     diag_dir = _diag_dir(args.diag_dir)
     if diag_dir is None:
         return EXIT_USAGE
     path, problems = write_html(diag_dir)
     for p in problems:
-        print(f"elastic-diag: {p}", file=sys.stderr)
-    print(path)
+        print(f"elastic-diag: {shown(p)}", file=sys.stderr)
+    print(shown(str(path)))
     return EXIT_OK
 
 

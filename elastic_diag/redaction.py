@@ -1,12 +1,25 @@
-"""Secrets stay out of everything elastic_diag writes.
+"""Secrets stay out of everything elastic_diag writes or prints.
 
-The values of environment variables whose names say they are secret (TOKEN, KEY, SECRET, PASSWORD,
-CREDENTIAL, AUTH) and the values that follow such flags on a command line (``--hf-token X``,
-``--api-key=X``) are replaced by ``***`` wherever they would appear in a file or store record of
-ours: worker.json, exception.json, first_error.json, root_cause.json, report.json, report.html, the
-node records in the rendezvous store, the termination message. The ranks' own stdout/stderr files
-are what the ranks printed and are kept as they are. Values shorter than 4 characters are masked as
-values of those variables and flags but not searched for in free text.
+Two kinds of rule, applied together by :class:`Redactor`:
+
+* **Known values.** The values of environment variables whose names say they are secret (TOKEN, KEY,
+  SECRET, PASSWORD, CREDENTIAL, AUTH) and the values that follow such flags on a command line
+  (``--hf-token X``, ``--api-key=X``) are replaced by ``***`` wherever they appear. Values shorter
+  than 4 characters are masked as values of those variables and flags but not searched for in free
+  text.
+* **Shapes** (:data:`SHAPES`): what a secret looks like in any text, whoever's it is: a password in a
+  URL (``scheme://user:PASSWORD@host``), ``Authorization:`` / ``Bearer`` headers, ``password=`` in a
+  connection string, ``NAME_TOKEN=value`` assignments, ``--api-key VALUE`` flags, private key blocks,
+  and provider keys by their documented prefixes (AWS ``AKIA``..., GCP ``AIza``..., Azure
+  ``AccountKey=`` / SAS ``sig=``, Hugging Face ``hf_``..., OpenAI/Anthropic ``sk-``..., GitHub
+  ``ghp_``..., Slack ``xox``... and webhooks, GitLab ``glpat-``..., JWTs). The patterns follow what
+  gitleaks and detect-secrets match, narrowed so that the fixture logs (hashes, checkpoint names,
+  SeqNums, ``eos_token='</s>'``) are left alone (tests/test_redaction.py measures it).
+
+Where it applies (docs/security.md): where text is written (each rank's ``sys.stdout`` /
+``sys.stderr`` through :class:`RedactingStream`, installed by the worker bootstrap; every file of
+ours through :func:`elastic_diag.layout.write_atomic`; the ranks' stream files again when they
+exit) and again wherever evidence becomes a report, a page or a terminal summary.
 
 Standard library only: the worker bootstrap writes through it before the user's script runs.
 """
@@ -69,8 +82,186 @@ def redact_env(environ: Mapping[str, str]) -> dict[str, str]:
     return {k: (MASK if is_secret_name(k) and v else v) for k, v in environ.items()}
 
 
+# A value: quoted, or up to a space / quote / separator.
+_VALUE = r"""(?:'[^'\n]*'|"[^"\n]*"|[^\s'",;&]+)"""
+_SECRET_WORDS = (
+    r"(?:TOKEN|SECRET|PASSWORD|PASSWD|PASSPHRASE|API_?KEY|ACCESS_?KEY|SECRET_?KEY|PRIVATE_?KEY|"
+    r"CREDENTIALS?|AUTH)"
+)
+
+
+class Shape:
+    """One kind of secret in free text: ``pattern`` finds it, its group ``secret`` is what is masked
+    (the whole match when it has none). A line is searched only when it holds one of ``gate`` (in
+    the lower-cased text, or as is with ``cased``) and, when given, one of ``also``: most lines hold
+    neither, and a regex search costs microseconds a line (patterns start with a literal where they
+    can, so that ``re`` scans for it fast)."""
+
+    __slots__ = ("name", "pattern", "gate", "cased", "also")
+
+    def __init__(self, name: str, pattern: str, gate: tuple[str, ...], *, cased: bool = False,
+                 also: tuple[str, ...] = (), flags: int = 0) -> None:  # fmt: skip
+        self.name = name
+        self.pattern = re.compile(pattern, flags)
+        self.gate = gate
+        self.cased = cased
+        self.also = also
+
+    def may_hold(self, text: str, lowered: str) -> bool:
+        where = text if self.cased else lowered
+        return any(g in where for g in self.gate) and (not self.also or any(a in text for a in self.also))
+
+    def mask(self, text: str) -> str:
+        if "secret" not in self.pattern.groupindex:
+            return self.pattern.sub(MASK, text)
+
+        def one(m: re.Match[str]) -> str:
+            start, end = m.span("secret")
+            if start < 0 or start == end:
+                return m.group(0)
+            return m.group(0)[: start - m.start()] + MASK + m.group(0)[end - m.start() :]
+
+        return self.pattern.sub(one, text)
+
+
+_NOT_WORD_BEFORE = r"(?<![A-Za-z0-9_])"
+_QUOTES = ("'", '"')
+
+SHAPES: tuple[Shape, ...] = (
+    Shape("private key block",
+          r"-----BEGIN ((?:[A-Z0-9]+ ){0,3})PRIVATE KEY((?: BLOCK)?)-----(?P<secret>.*?)"
+          r"(?:-----END \1PRIVATE KEY\2-----|\Z)",
+          ("PRIVATE KEY",), cased=True, flags=re.DOTALL),
+    Shape("password in a URL", r"://[^\s:/@'\"<>]+:(?P<secret>[^\s@/'\"<>]+)@", ("://",), cased=True, also=("@",)),
+    Shape("Authorization header",
+          r"(?i)authorization[\"']?\s*[:=]\s*[\"']?(?:(?:bearer|basic|token|digest|negotiate)\s+)?"
+          r"(?!(?:bearer|basic|token|digest|negotiate)\b)(?P<secret>[^\s\"',;]{4,})", ("authorization",)),
+    Shape("Bearer token", r"Bearer\s+(?P<secret>[A-Za-z0-9._~+/-]{16,}=*)", ("Bearer",), cased=True),
+    Shape("password= in a connection string",
+          r"(?i)" + _NOT_WORD_BEFORE + r"(?:password|passwd|pwd)[\"']?\s*[=:]\s*(?P<secret>" + _VALUE + ")",
+          ("passw", "pwd")),
+    Shape("secret variable assignment",
+          r"(?<![A-Za-z0-9])" + _SECRET_WORDS + r"S?\s*=\s*(?P<secret>" + _VALUE + ")",
+          ("TOKEN", "SECRET", "PASS", "KEY", "CREDENTIAL", "AUTH"), cased=True, also=("=",)),
+    Shape("secret keyword argument",
+          _NOT_WORD_BEFORE
+          + r"(?:(?:hf|hub|auth|access|api|bearer|refresh|id|github|gh|wandb|session|slack|openai)_token|"
+          r"token|api_?key|access_key|secret(?:_key)?|client_secret|private_key|wandb_key|passphrase)"
+          r"[\"']?\s*[:=]\s*(?P<secret>'[^'\n]+'|\"[^\"\n]+\")",
+          ("token", "key", "secret", "passphrase"), also=_QUOTES),
+    Shape("secret command-line flag",
+          r"(?i)-(?<![\w-]-)-?[A-Za-z0-9_-]*?(?:token|api[-_]?key|access[-_]?key|secret(?:[-_]?key)?|password|passwd|"
+          r"passphrase|credentials?|wandb[-_]?key|private[-_]?key)(?:=|\s+)(?P<secret>(?!-)" + _VALUE + ")",
+          ("token", "key", "secret", "passw", "passphrase", "credential"), also=("-",)),
+    Shape("AWS access key id", r"(?:A3T[A-Z0-9]|AKIA|ASIA|ABIA|ACCA)[A-Z0-9]{16}(?![A-Z0-9])",
+          ("AKIA", "ASIA", "ABIA", "ACCA", "A3T"), cased=True),
+    Shape("Google API key", r"AIza[0-9A-Za-z_-]{35}", ("AIza",), cased=True),
+    Shape("Google OAuth token", r"ya29\.[0-9A-Za-z_-]{20,}", ("ya29.",), cased=True),
+    Shape("Azure account key", r"(?:AccountKey|SharedAccessKey)=(?P<secret>[A-Za-z0-9+/=]{20,})", ("Key=",),
+          cased=True),
+    Shape("Azure SAS signature", r"sig=(?<=[?&]sig=)(?P<secret>[A-Za-z0-9%+/=]{16,})", ("sig=",), cased=True),
+    Shape("Hugging Face token", r"(?:hf|api_org)_[A-Za-z0-9]{30,}", ("hf_", "api_org_"), cased=True),
+    Shape("OpenAI / Anthropic key", r"sk-(?:proj-|svcacct-|admin-|ant-)?[A-Za-z0-9_-]{20,}", ("sk-",), cased=True),
+    Shape("GitHub token", r"gh[pousr]_[A-Za-z0-9]{30,}|github_pat_[A-Za-z0-9_]{22,}",
+          ("ghp_", "gho_", "ghu_", "ghs_", "ghr_", "github_pat_"), cased=True),
+    Shape("GitLab token", r"glpat-[A-Za-z0-9_-]{20,}", ("glpat-",), cased=True),
+    Shape("Slack token", r"xox[abposr]-[A-Za-z0-9-]{10,}", ("xox",), cased=True),
+    Shape("Slack / Teams webhook",
+          r"https://(?:hooks\.slack\.com/services|[A-Za-z0-9.-]+\.webhook\.office\.com/webhookb2)/"
+          r"(?P<secret>[^\s'\"<>]+)",
+          ("hooks.slack.com", "webhook.office.com")),
+    Shape("W&B API key", r"(?i)wandb[\w.()-]{0,20}?(?:key|token)\W{1,5}(?P<secret>[0-9a-f]{40})(?![0-9a-f])",
+          ("wandb",)),
+    Shape("JSON web token", r"eyJ[A-Za-z0-9_-]{10,}\.eyJ[A-Za-z0-9_-]{10,}\.[A-Za-z0-9_-]{10,}", ("eyJ",), cased=True),
+)  # fmt: skip
+SHORTEST = 8  # no shape matches fewer characters ("TOKEN=ab"): shorter writes (" ", "\n") are not searched
+
+
+def _gates(cased: bool) -> tuple[tuple[str, int], ...]:
+    return tuple((g, i) for i, s in enumerate(SHAPES) if s.cased == cased for g in s.gate)
+
+
+# every gate literal once, with its shape: one flat loop of `in` tests is the cheap part of a line's
+# cost (a generator per shape cost 30 us a line on this project's 2-core machine; this costs 3)
+_CASED_GATES = _gates(True)
+_LOWER_GATES = _gates(False)
+
+
+def _candidates(text: str, lowered: str) -> list[int]:
+    found = [i for g, i in _CASED_GATES if g in text]
+    found += [i for g, i in _LOWER_GATES if g in lowered]
+    return sorted(set(found)) if found else found
+
+
+WHOLE_TEXT = 4096  # a text longer than this (a stream file's chunk) is searched only on the lines a gate is on
+
+
+def mask_shapes(text: str) -> str:
+    """``text`` with every secret of a known shape masked."""
+    if len(text) < SHORTEST:
+        return text
+    lowered = text.lower()
+    candidates = _candidates(text, lowered)
+    if len(text) > WHOLE_TEXT and candidates:
+        return _mask_gated_lines(text, lowered, candidates)
+    for i in candidates:
+        text = _mask_one(SHAPES[i], text)
+    return text
+
+
+def _mask_one(shape: Shape, text: str) -> str:
+    return shape.mask(text) if not shape.also or any(a in text for a in shape.also) else text
+
+
+def _mask_gated_lines(text: str, lowered: str, candidates: list[int]) -> str:
+    """A big text: each candidate shape is tried on the lines that hold one of its gates, not on all of
+    it (the patterns that cannot start with a literal scan at a few MB/s; the gates are found at GB/s).
+    A shape that spans lines (a private key block) is tried on the whole text."""
+    if len(lowered) != len(text):  # a character whose lower case is longer: positions differ, search it all
+        lowered = ""
+    lines: dict[int, set[int]] = {}  # line start -> the shapes to try on it
+    for i in candidates:
+        shape = SHAPES[i]
+        if shape.pattern.flags & re.DOTALL or not lowered and not shape.cased:
+            text = _mask_one(shape, text)
+            continue
+        where = text if shape.cased else lowered
+        for gate in shape.gate:
+            pos = where.find(gate)
+            while pos >= 0:
+                start = text.rfind("\n", 0, pos) + 1
+                lines.setdefault(start, set()).add(i)
+                end = text.find("\n", pos)
+                if end < 0:
+                    break
+                pos = where.find(gate, end)
+    if not lines:
+        return text
+    out: list[str] = []
+    done = 0
+    for start in sorted(lines):
+        end = text.find("\n", start)
+        end = len(text) if end < 0 else end
+        line = text[start:end]
+        for i in sorted(lines[start]):
+            line = _mask_one(SHAPES[i], line)
+        out += (text[done:start], line)
+        done = end
+    out.append(text[done:])
+    return "".join(out)
+
+
+def shapes_found(text: str) -> list[str]:
+    """The names of the shapes found in ``text`` (for tests and for measuring false positives)."""
+    lowered = text.lower()
+    return [s.name for s in SHAPES if s.may_hold(text, lowered) and s.pattern.search(text)]
+
+
+MAX_DEPTH = 64  # nesting of JSON-like data masked; deeper values are replaced, never recursed into
+
+
 class Redactor:
-    """Replaces known secret values in text and in JSON-like data."""
+    """Replaces known secret values and secrets of a known shape in text and in JSON-like data."""
 
     def __init__(self, values: set[str]) -> None:
         self.values = sorted((v for v in values if len(v) >= MIN_SEARCHED), key=len, reverse=True)
@@ -79,48 +270,79 @@ class Redactor:
         for value in self.values:
             if value in text:
                 text = text.replace(value, MASK)
-        return text
+        return mask_shapes(text)
 
-    def data(self, value: Any) -> Any:
-        """Strings inside dicts, lists and tuples masked; dict keys too."""
-        if not self.values:
-            return value
+    def data(self, value: Any, depth: int = 0) -> Any:
+        """Strings inside dicts, lists and tuples masked; dict keys too. Nesting deeper than
+        :data:`MAX_DEPTH` (hostile input) is replaced by a note rather than recursed into."""
         if isinstance(value, str):
             return self.text(value)
+        if depth >= MAX_DEPTH and isinstance(value, dict | list | tuple):
+            return f"(nested deeper than {MAX_DEPTH} levels: not shown)"
         if isinstance(value, dict):
-            return {self.text(k) if isinstance(k, str) else k: self.data(v) for k, v in value.items()}
+            return {self.text(k) if isinstance(k, str) else k: self.data(v, depth + 1) for k, v in value.items()}
         if isinstance(value, list | tuple):
-            return [self.data(v) for v in value]
+            return [self.data(v, depth + 1) for v in value]
         return value
 
 
+class RedactingStream:
+    """A text stream (a rank's ``sys.stdout`` / ``sys.stderr``) that masks what is written through it,
+    so that a secret never reaches the file the launcher keeps, even when the launcher is killed
+    before it can mask the file afterwards. Everything but ``write`` / ``writelines`` is the wrapped
+    stream's own (``fileno``, ``isatty``, ``encoding``, ``buffer``, ``flush``). Bytes written to
+    ``.buffer`` or to the file descriptor from C are not seen here: the stream files are masked
+    again when the rank exits."""
+
+    def __init__(self, stream: Any, redactor: Redactor) -> None:
+        self._stream = stream
+        self._redactor = redactor
+
+    @property
+    def wrapped(self) -> Any:
+        return self._stream
+
+    def write(self, text: str) -> int:
+        if isinstance(text, str) and text:
+            self._stream.write(self._redactor.text(text))
+        else:
+            self._stream.write(text)  # the stream's own TypeError for bytes and the like
+        return len(text)
+
+    def writelines(self, lines: Any) -> None:
+        for line in lines:
+            self.write(line)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
+
+    def __iter__(self) -> Any:
+        return iter(self._stream)
+
+
 def redact_file(path: str | os.PathLike[str], redactor: Redactor, chunk: int = 1 << 20) -> bool:
-    """Rewrite a file with the secrets masked (a rank's stdout.log after it exited: a script that
-    prints its arguments); read in chunks that overlap by the longest value. True when it changed."""
-    if not redactor.values:
-        return False
-    keep = max(len(v.encode()) for v in redactor.values) - 1
-    needles = [v.encode() for v in redactor.values]
-    changed = False
+    """Rewrite a file with its secrets masked (a rank's stdout.log after it exited: what a subprocess or
+    C code wrote past :class:`RedactingStream`), read in chunks cut at line ends. A file with nothing
+    to mask is left untouched. True when it changed."""
     tmp = f"{os.fspath(path)}.redact{os.getpid()}"
+    changed = False
     try:
         with open(path, "rb") as src:
             head = src.read(chunk)
-            if not any(n in head for n in needles) and len(head) < chunk:
+            if len(head) < chunk and _masked(head, redactor) == head:
                 return False  # the common case: a small file with nothing to mask, left untouched
             with open(tmp, "wb") as dst:
                 carry = b""
-                while head:
+                while head or carry:
                     data = carry + head
-                    for n in needles:
-                        if n in data:
-                            data = data.replace(n, MASK.encode())
-                            changed = True
                     head = src.read(chunk)
-                    cut = len(data) - keep if head and keep > 0 else len(data)
-                    dst.write(data[:cut])
-                    carry = data[cut:]
-                dst.write(carry)
+                    cut = data.rfind(b"\n") + 1 if head else len(data)
+                    if cut == 0 and len(data) >= 16 * chunk:
+                        cut = len(data)  # no line end in 16 chunks: masked as it is rather than held
+                    piece, carry = data[:cut], data[cut:]
+                    masked = _masked(piece, redactor)
+                    changed = changed or masked != piece
+                    dst.write(masked)
         if changed:
             os.replace(tmp, path)
         return changed
@@ -129,11 +351,15 @@ def redact_file(path: str | os.PathLike[str], redactor: Redactor, chunk: int = 1
             os.unlink(tmp)
 
 
+def _masked(data: bytes, redactor: Redactor) -> bytes:
+    text = data.decode("utf-8", "surrogateescape")
+    out = redactor.text(text)
+    return data if out == text else out.encode("utf-8", "surrogateescape")
+
+
 def redact_files(paths: Sequence[str | os.PathLike[str]], redactor: Redactor | None = None) -> list[str]:
     """Mask the secrets in each existing file (the ranks' streams once they have exited); the ones rewritten."""
     redactor = redactor or current()
-    if not redactor.values:
-        return []
     return [os.fspath(p) for p in paths if os.path.exists(p) and redact_file(p, redactor)]
 
 

@@ -17,6 +17,7 @@ _COLLECTIVE_PATHS = (
 )
 _THREAD_HEADER = re.compile(r"^(?:Current thread|Thread) (0x[0-9a-f]+)(?: \[[^\]]*\])? \(most recent call first\):")
 _STDLIB = re.compile(r"/lib/python\d+\.\d+/(?!site-packages/|dist-packages/)")
+_STREAM_WRAPPER = "elastic_diag/redaction.py"  # the rank's sys.stdout / sys.stderr: its print, not our thread
 _FRAME = re.compile(r'^\s+File "(?P<file>[^"]+)", line (?P<line>\d+) in (?P<func>.+)$')
 
 
@@ -29,6 +30,7 @@ def is_user_file(path: str) -> bool:
         and "/site-packages/" not in p
         and not _STDLIB.search(p)
         and not p.endswith("elastic_diag/worker/beacon.py")  # the backward hook's own frame
+        and not p.endswith(_STREAM_WRAPPER)  # a print of the rank's, through the masking stream
         and not p.startswith("<")
     )
 
@@ -45,6 +47,16 @@ class StackFrame:
 
 _OWN_CODE = "/elastic_diag/"
 OWN_THREAD_MARK = " [elastic_diag's own thread: answering the dump]"
+
+
+def _is_own_thread(frames: tuple[StackFrame, ...]) -> bool:
+    """A thread of elastic_diag's (the beacon, the dump answerer): its innermost frame is ours, not counting
+    the masking stream a print of the rank's passes through."""
+    for f in frames:
+        path = f.file.replace("\\", "/")
+        if not path.endswith(_STREAM_WRAPPER):
+            return _OWN_CODE in path
+    return False
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,7 +78,7 @@ class StackDump:
         if len(self.blocks) != len(self.threads) or len(self.blocks) < 2:
             return self.text
         order = [len(self.threads) - 1, *range(len(self.threads) - 1)]
-        own = [i for i in order if any(_OWN_CODE in f.file.replace("\\", "/") for f in self.threads[i][:1])]
+        own = [i for i in order if _is_own_thread(self.threads[i])]
         first = [i for i in order if i not in own]
         if not first:
             return self.text

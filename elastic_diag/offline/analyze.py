@@ -906,6 +906,8 @@ def analyze_paths(
 
 
 def format_analysis(a: Analysis, paint: Paint | None = None) -> str:
+    from elastic_diag.report.terminal import shown
+
     paint = paint or Paint(False)
     d = a.diagnosis
     out = []
@@ -914,26 +916,26 @@ def format_analysis(a: Analysis, paint: Paint | None = None) -> str:
     else:
         who = f"rank {d.initiating_rank}" if d.initiating_rank is not None else "no rank can be named"
         out.append(paint(f"elastic-diag analyze: {d.failure_class}; initiating: {who}", "bold", "red"))
-    out.append(f"  {d.summary}")
+    out.append(f"  {shown(d.summary)}")
     if a.torchrun_root is not None and a.torchrun_root != d.initiating_rank:
         out.append(f"  (torchrun's own summary named rank {a.torchrun_root} as root cause; that rank was only waiting)")
     if d.evidence:
         out.append("  decisive lines:")
-        out.extend(f"    {e}" for e in d.evidence)
+        out.extend(f"    {shown(e)}" for e in d.evidence)
     roles: dict[str, list[int]] = {}
     for r, role in sorted(d.roles.items()):
         roles.setdefault(role, []).append(r)
     if roles:
         out.append("  roles: " + "; ".join(f"{k} {format_ranks(v)}" for k, v in sorted(roles.items())))
     if d.fix:
-        out.append(paint("  fix: ", "bold") + " ".join(d.fix.split()))
+        out.append(paint("  fix: ", "bold") + shown(" ".join(d.fix.split())))
     plan = render(d.verify, None, evidence=d.evidence, live=False)
     if plan is not None:
-        out.append(paint("  verify: ", "bold") + plan.command)
-        out.extend(f"    where {var} is {meaning}" for var, meaning in plan.variables.items())
+        out.append(paint("  verify: ", "bold") + shown(plan.command))
+        out.extend(f"    where {var} is {shown(meaning)}" for var, meaning in plan.variables.items())
     if a.context:
         out.append(f"  context ({len(a.context) - 1} lines before the decisive line):")
-        out.extend(f"    | {line}" for line in a.context[-12:])
+        out.extend(f"    | {shown(line)}" for line in a.context[-12:])
     out.append(f"  read {len(a.files)} file(s)" + (f"; skipped {len(a.skipped)}:" if a.skipped else ""))
-    out.extend(f"    {s}" for s in a.skipped[:20])
+    out.extend(f"    {shown(s)}" for s in a.skipped[:20])
     return "\n".join(out)

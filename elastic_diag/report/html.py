@@ -26,11 +26,13 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from elastic_diag import redaction
 from elastic_diag.core.stall import stall_from_json, stall_summary
 from elastic_diag.core.verdict import format_ranks
 from elastic_diag.layout import HTML_FILE, REPORT_FILE, write_atomic
 from elastic_diag.report.rank_story import Group, RankRow, group_rows, integer, num, rank_rows, text
 from elastic_diag.report.reading import load_report_dir
+from elastic_diag.report.terminal import printable
 from elastic_diag.report.timeline import ROLE_COLOURS, clip, failure_window, timeline_svg
 
 EVIDENCE_RANKS = 12
@@ -99,7 +101,7 @@ def _list(value: Any) -> list[Any]:
 
 
 def _e(value: Any) -> str:
-    return html.escape(text(value))
+    return html.escape(printable(text(value)))  # a page can be `cat` to a terminal too
 
 
 def _when(t: float | None) -> str:
@@ -400,6 +402,8 @@ def _attempt(a: dict[str, Any], n_attempts: int, top_initiating: int | None) -> 
 
 def render_html(report: dict[str, Any], problems: Sequence[str] = (), source: str = "") -> str:
     """The page for one report (as loaded by :func:`load_report_dir`, or straight from a session)."""
+    report = redaction.current().data(report)  # masked again, before HTML escaping hides a shape
+    problems = [redaction.current().text(p) for p in problems]
     d = _dict(report.get("diagnosis"))
     attempts = [a for a in _list(report.get("attempts")) if isinstance(a, dict)]
     if not attempts and isinstance(report.get("ranks"), list):

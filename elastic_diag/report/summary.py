@@ -10,7 +10,7 @@ from typing import Any
 from elastic_diag.core.verdict import format_ranks
 from elastic_diag.layout import HTML_FILE
 from elastic_diag.report.rank_story import group_rows, rank_rows, short_location
-from elastic_diag.report.terminal import ROLE_STYLE, Paint, is_tty, table, wants_colour
+from elastic_diag.report.terminal import ROLE_STYLE, Paint, is_tty, shown, shown_data, table, wants_colour
 
 TABLE_PER_RANK = 8  # the terminal's table: a row a rank up to this many, then a row a story
 
@@ -18,8 +18,10 @@ TABLE_PER_RANK = 8  # the terminal's table: a row a rank up to this many, then a
 def format_summary(report: dict[str, Any], report_path: str, *, paint: Paint | None = None,
                    compact_table: bool = False) -> str:  # fmt: skip
     """The few lines a person reads first, at the end of the run. On a terminal (``compact_table``,
-    ``paint`` with colour) the ranks come as a table of stories instead of one line of roles."""
+    ``paint`` with colour) the ranks come as a table of stories instead of one line of roles. Every text in
+    it is what the ranks printed, or made from it: secrets masked and control characters escaped first."""
     paint = paint or Paint(False)
+    report, report_path = shown_data(report), shown(report_path)
     d = report["diagnosis"]
     n = len(report["attempts"])
     lines = []

@@ -18,6 +18,8 @@ The launcher puts ``elastic_diag/worker/_boot`` first on each worker's ``PYTHONP
   ``thread_exception.json`` (a prefetch thread that dies leaves its main thread waiting forever);
 * starts the progress beacon (:mod:`elastic_diag.worker.beacon`) that the agent's health monitor reads,
   and writes the flight recorder's entries when the rank dies of an exception or exits;
+* masks secrets in what the rank prints through ``sys.stdout`` / ``sys.stderr``
+  (:class:`elastic_diag.redaction.RedactingStream`);
 * removes its own variables from the environment, so that subprocesses of the rank do not write
   into the rank's evidence.
 
@@ -211,6 +213,7 @@ def install(rank_dir: str, cpu_at_start: float | None = None) -> None:
     _drop_boot_path_from_env()
 
     faulthandler.enable(file=sys.stderr, all_threads=True)
+    _mask_streams()
     stacks: IO[str] = open(os.path.join(rank_dir, STACKS_FILE), "a")  # noqa: SIM115 - kept open for life
     _state["stacks_file"] = stacks
     faulthandler.register(DUMP_SIGNAL, file=stacks, all_threads=True, chain=False)
@@ -231,6 +234,17 @@ def install(rank_dir: str, cpu_at_start: float | None = None) -> None:
             "bootstrap_cpu_s": round(time.process_time() - cpu_at_start, 4) if cpu_at_start is not None else None,
         },
     )
+
+
+def _mask_streams() -> None:
+    """The rank's stdout and stderr mask secrets as they are written (the job's own secret values and
+    secrets of a known shape: :mod:`elastic_diag.redaction`), so that none reaches the stream files
+    even when the launcher is killed before it masks them on exit."""
+    redactor = redaction.current()
+    for name in ("stdout", "stderr"):
+        stream = getattr(sys, name)
+        if stream is not None and not isinstance(stream, redaction.RedactingStream):
+            setattr(sys, name, redaction.RedactingStream(stream, redactor))
 
 
 def _at_exit(b: beacon.Beacon) -> None:

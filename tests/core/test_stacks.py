@@ -75,3 +75,17 @@ def test_the_stuck_thread_comes_first_and_the_tools_own_thread_last_and_marked()
     assert sorted(text.split()) == sorted((_BEACON_FIRST + OWN_THREAD_MARK).split())  # nothing lost or added
     single = parse_stack_dump(_BEACON_FIRST.split("\nThread")[0])
     assert single is not None and single.for_people() == single.text
+
+
+def test_a_print_through_the_masking_stream_is_the_ranks_not_the_tools():
+    """A rank blocked printing (a full pipe) has the masking stream's write innermost: still the rank's thread,
+    its user frame the line that printed."""
+    text = _BEACON_FIRST.replace(
+        '  File "/venv/lib/python3.11/site-packages/torch/distributed/distributed_c10d.py", line 4159 in barrier\n',
+        '  File "/venv/lib/python3.11/site-packages/elastic_diag/redaction.py", line 260 in write\n',
+    )
+    dump = parse_stack_dump(text)
+    assert dump is not None
+    assert not is_user_file(dump.main_thread[0].file) and is_user_file(dump.main_thread[1].file)
+    out = dump.for_people()
+    assert out.index("Thread 0x00007fa0b9652b80") < out.index("Current thread") and out.count(OWN_THREAD_MARK) == 1

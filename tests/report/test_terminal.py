@@ -115,3 +115,57 @@ def test_analyze_in_a_real_terminal_and_in_a_pipe():
     piped = subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False)
     assert piped.returncode == 1 and "\x1b" not in piped.stdout + piped.stderr  # 1: a failure was diagnosed
     assert "elastic-diag analyze:" in piped.stdout
+
+
+# what a hostile (or merely colourful) worker may print: a title change, an OSC 8 hyperlink, a screen clear,
+# a cursor move, a bell, a carriage return that overwrites the line, an 8-bit CSI and a direction override
+HOSTILE = ("\x1b]0;pwned\x07", "\x1b]8;;https://evil.example/\x1b\\click\x1b]8;;\x1b\\", "\x1b[2J", "\x1b[10A",
+           "\x07", "\rERASED", "\x9b31m", "\u202egnp.exe")  # fmt: skip
+ACTING = ("\x1b", "\x07", "\r", "\x9b", "\u202e")
+
+
+def _acts_on_a_terminal(text: str) -> list[str]:
+    return [c for c in ACTING if c in text]
+
+
+def test_what_the_ranks_printed_never_acts_on_the_readers_terminal(tmp_path):
+    """Issue 30 item 5: escape sequences in evidence are shown escaped by the summary, `analyze` (text and
+    JSON) and the page; the summary's own colour codes stay real."""
+    hostile = "".join(HOSTILE)
+    report = json.loads(json.dumps(REPORT))
+    d = report["diagnosis"]
+    d["summary"] = "rank 2 raised " + hostile
+    d["evidence"] = [f"[rank2]: RuntimeError: {hostile}"]
+    d["verify"] = "python train.py --api-key s3cretApiKey " + hostile
+    plain = format_summary(report, "/r/\x1b]0;x\x07/report.json")
+    assert not _acts_on_a_terminal(plain), plain
+    assert "\\x1b]0;pwned\\x07" in plain and "\\rERASED" in plain and "\\u202egnp" in plain and "\\x9b31m" in plain
+    assert "s3cretApiKey" not in plain and "--api-key ***" in plain  # the verify line (issue 30 item 3)
+    coloured = format_summary(report, "/r/report.json", paint=Paint(True), compact_table=True)
+    assert "\x1b[1;31m" in coloured and "\x1b]" not in coloured and "\x1b[2J" not in coloured and "\x07" not in coloured
+
+    log = tmp_path / "train.log"
+    log.write_text("[rank0]: step 1\n" + f"[rank1]: RuntimeError: CUDA error: an illegal memory access {hostile}\n"
+                   + "[rank0]: Watchdog caught collective operation timeout " + hostile + "\n")  # fmt: skip
+    for extra in ([], ["--json"]):
+        out = subprocess.run([sys.executable, "-m", "elastic_diag.cli", "analyze", *extra, str(log)],
+                             capture_output=True, text=True, timeout=60, check=False)  # fmt: skip
+        assert out.returncode == 1 and "rank" in out.stdout, out.stderr
+        assert not _acts_on_a_terminal(out.stdout + out.stderr), out.stdout
+
+    from elastic_diag.report.html import render_html
+
+    page = render_html(report, problems=["missing \x1b[2J file"])
+    assert not _acts_on_a_terminal(page) and "s3cretApiKey" not in page
+
+
+def test_printable_escapes_only_what_acts():
+    from elastic_diag.report.terminal import printable, shown_data
+
+    kept = "tab\there\nnext \u00e9t\u00e9 \u4e2d\u6587 \U0001f600"
+    assert printable(kept) == kept
+    assert printable("a\x1b[31mb\x00c\x7fd\u200fe") == "a\\x1b[31mb\\x00c\\x7fd\\u200fe"
+    nested: object = "x\x1b"
+    for _ in range(5000):
+        nested = [nested]
+    assert "not shown" in json.dumps(shown_data(nested))

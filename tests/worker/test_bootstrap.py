@@ -41,6 +41,7 @@ def test_stack_dump_on_signal_while_blocked(tmp_path):
                          text=True)  # fmt: skip
     try:
         assert p.stdout.readline().strip() == "ready"
+        time.sleep(0.3)  # the line is read while print() may still be returning through the masking stream
         os.kill(p.pid, bootstrap.DUMP_SIGNAL)
         stacks = tmp_path / "r" / "stacks.txt"
         # faulthandler writes the dump in pieces (one per thread; the beacon is a second thread): read it
