@@ -21,7 +21,9 @@ Where it applies (docs/security.md): where text is written (each rank's ``sys.st
 ours through :func:`elastic_diag.layout.write_atomic`; the ranks' stream files again when they
 exit) and again wherever evidence becomes a report, a page or a terminal summary.
 
-Standard library only: the worker bootstrap writes through it before the user's script runs.
+The worker bootstrap writes through it before the user's script runs: the standard library only at import;
+Hyperscan (a dependency on Linux x86_64 / aarch64) is loaded on the first text to mask, and without it the
+gate words do the same work more slowly.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from __future__ import annotations
 import os
 import re
 import sys
+import threading
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -97,15 +100,19 @@ class Shape:
     neither, and a regex search costs microseconds a line (patterns start with a literal where they
     can, so that ``re`` scans for it fast)."""
 
-    __slots__ = ("name", "pattern", "gate", "cased", "also")
+    __slots__ = ("name", "pattern", "gate", "cased", "also", "prefilter", "spans_lines")
 
     def __init__(self, name: str, pattern: str, gate: tuple[str, ...], *, cased: bool = False,
-                 also: tuple[str, ...] = (), flags: int = 0) -> None:  # fmt: skip
+                 also: tuple[str, ...] = (), flags: int = 0, prefilter: str | None = None) -> None:  # fmt: skip
         self.name = name
         self.pattern = re.compile(pattern, flags)
         self.gate = gate
         self.cased = cased
         self.also = also
+        # what a big text is scanned for in one Hyperscan pass (no look-behind there): the gates, or
+        # a regex closer to the shape where a gate word is common in logs ("tokens/s", "key")
+        self.prefilter = prefilter or "|".join(re.escape(g) for g in gate)
+        self.spans_lines = bool(flags & re.DOTALL)
 
     def may_hold(self, text: str, lowered: str) -> bool:
         where = text if self.cased else lowered
@@ -132,7 +139,8 @@ SHAPES: tuple[Shape, ...] = (
           r"-----BEGIN ((?:[A-Z0-9]+ ){0,3})PRIVATE KEY((?: BLOCK)?)-----(?P<secret>.*?)"
           r"(?:-----END \1PRIVATE KEY\2-----|\Z)",
           ("PRIVATE KEY",), cased=True, flags=re.DOTALL),
-    Shape("password in a URL", r"://[^\s:/@'\"<>]+:(?P<secret>[^\s@/'\"<>]+)@", ("://",), cased=True, also=("@",)),
+    Shape("password in a URL", r"://[^\s:/@'\"<>]+:(?P<secret>[^\s@/'\"<>]+)@", ("://",), cased=True, also=("@",),
+          prefilter=r"://[^\s:/@]+:[^\s@/]+@"),
     Shape("Authorization header",
           r"(?i)authorization[\"']?\s*[:=]\s*[\"']?(?:(?:bearer|basic|token|digest|negotiate)\s+)?"
           r"(?!(?:bearer|basic|token|digest|negotiate)\b)(?P<secret>[^\s\"',;]{4,})", ("authorization",)),
@@ -148,11 +156,14 @@ SHAPES: tuple[Shape, ...] = (
           + r"(?:(?:hf|hub|auth|access|api|bearer|refresh|id|github|gh|wandb|session|slack|openai)_token|"
           r"token|api_?key|access_key|secret(?:_key)?|client_secret|private_key|wandb_key|passphrase)"
           r"[\"']?\s*[:=]\s*(?P<secret>'[^'\n]+'|\"[^\"\n]+\")",
-          ("token", "key", "secret", "passphrase"), also=_QUOTES),
+          ("token", "api_key", "apikey", "access_key", "secret", "private_key", "wandb_key", "passphrase"),
+          also=_QUOTES,
+          prefilter=r"(?:token|api_?key|access_key|secret|secret_key|private_key|wandb_key|passphrase)[\"']?\s*[:=]\s*[\"']"),
     Shape("secret command-line flag",
           r"(?i)-(?<![\w-]-)-?[A-Za-z0-9_-]*?(?:token|api[-_]?key|access[-_]?key|secret(?:[-_]?key)?|password|passwd|"
           r"passphrase|credentials?|wandb[-_]?key|private[-_]?key)(?:=|\s+)(?P<secret>(?!-)" + _VALUE + ")",
-          ("token", "key", "secret", "passw", "passphrase", "credential"), also=("-",)),
+          ("token", "key", "secret", "passw", "passphrase", "credential"), also=("-",),
+          prefilter=r"-[A-Za-z0-9_-]*(?:token|key|secret|passw(?:or)?d|passphrase|credentials?)(?:=|\s)"),
     Shape("AWS access key id", r"(?:A3T[A-Z0-9]|AKIA|ASIA|ABIA|ACCA)[A-Z0-9]{16}(?![A-Z0-9])",
           ("AKIA", "ASIA", "ABIA", "ACCA", "A3T"), cased=True),
     Shape("Google API key", r"AIza[0-9A-Za-z_-]{35}", ("AIza",), cased=True),
@@ -197,7 +208,29 @@ WHOLE_TEXT = 4096  # a text longer than this (a stream file's chunk) is searched
 
 
 def mask_shapes(text: str) -> str:
-    """``text`` with every secret of a known shape masked."""
+    """``text`` with every secret of a known shape masked: the shapes' prefilters found in one Hyperscan pass
+    where Hyperscan is installed (a few microseconds a line), else by the gate words (:func:`mask_shapes_by_gates`);
+    both give the same text (tests/test_redaction.py)."""
+    if len(text) < SHORTEST:
+        return text
+    gates = _byte_gates()
+    if gates is None:
+        return mask_shapes_by_gates(text)
+    data = text.encode("utf-8", "surrogateescape")
+    hits = gates.hits(data)
+    if hits is None:  # another thread is scanning: the gate words
+        return mask_shapes_by_gates(text)
+    if not hits:
+        return text
+    if len(text) > WHOLE_TEXT:
+        return _mask_gated_byte_lines(data, hits).decode("utf-8", "surrogateescape")
+    for i in sorted({i for i, _ in hits}):
+        text = _mask_one(SHAPES[i], text)
+    return text
+
+
+def mask_shapes_by_gates(text: str) -> str:
+    """:func:`mask_shapes` with the standard library only: a shape is tried where one of its gate words is."""
     if len(text) < SHORTEST:
         return text
     lowered = text.lower()
@@ -220,10 +253,11 @@ def _mask_gated_lines(text: str, lowered: str, candidates: list[int]) -> str:
     if len(lowered) != len(text):  # a character whose lower case is longer: positions differ, search it all
         lowered = ""
     lines: dict[int, set[int]] = {}  # line start -> the shapes to try on it
+    whole: list[int] = []  # shapes tried on all of the text, after the lines (their masks move positions)
     for i in candidates:
         shape = SHAPES[i]
-        if shape.pattern.flags & re.DOTALL or not lowered and not shape.cased:
-            text = _mask_one(shape, text)
+        if shape.spans_lines or not lowered and not shape.cased:
+            whole.append(i)
             continue
         where = text if shape.cased else lowered
         for gate in shape.gate:
@@ -235,8 +269,6 @@ def _mask_gated_lines(text: str, lowered: str, candidates: list[int]) -> str:
                 if end < 0:
                     break
                 pos = where.find(gate, end)
-    if not lines:
-        return text
     out: list[str] = []
     done = 0
     for start in sorted(lines):
@@ -248,7 +280,10 @@ def _mask_gated_lines(text: str, lowered: str, candidates: list[int]) -> str:
         out += (text[done:start], line)
         done = end
     out.append(text[done:])
-    return "".join(out)
+    text = "".join(out)
+    for i in whole:
+        text = _mask_one(SHAPES[i], text)
+    return text
 
 
 def shapes_found(text: str) -> list[str]:
@@ -352,9 +387,95 @@ def redact_file(path: str | os.PathLike[str], redactor: Redactor, chunk: int = 1
 
 
 def _masked(data: bytes, redactor: Redactor) -> bytes:
-    text = data.decode("utf-8", "surrogateescape")
-    out = redactor.text(text)
-    return data if out == text else out.encode("utf-8", "surrogateescape")
+    """A chunk of a stream file with its secrets masked: the known values as bytes, then the shapes on the
+    lines that hold a gate (found by Hyperscan in one pass when it is installed, as it is on Linux x86_64 and
+    aarch64; else by the text path)."""
+    out = data
+    for value in redactor.values:
+        needle = value.encode("utf-8", "surrogateescape")
+        if needle in out:
+            out = out.replace(needle, MASK.encode())
+    gates = _byte_gates()
+    hits = gates.hits(out) if gates is not None else None
+    if hits is None:
+        text = out.decode("utf-8", "surrogateescape")
+        masked = mask_shapes_by_gates(text)
+        return out if masked == text else masked.encode("utf-8", "surrogateescape")
+    return _mask_gated_byte_lines(out, hits)
+
+
+class _ByteGates:
+    """Every shape's prefilter in one Hyperscan database (case-insensitive where the shape's gate is)."""
+
+    def __init__(self, hyperscan: Any) -> None:
+        self.lock = threading.Lock()
+        self.db = hyperscan.Database(mode=hyperscan.HS_MODE_BLOCK)
+        self.db.compile(expressions=[s.prefilter.encode() for s in SHAPES], ids=list(range(len(SHAPES))),
+                        elements=len(SHAPES),
+                        flags=[0 if s.cased else hyperscan.HS_FLAG_CASELESS for s in SHAPES])  # fmt: skip
+
+    def hits(self, data: bytes) -> list[tuple[int, int]] | None:
+        """(shape index, the offset where its prefilter's match ends) for each match; None when another thread
+        is scanning (one scratch space; never waited for: a rank's threads print, and a process forked while
+        the lock was held must not hang on it)."""
+        if not self.lock.acquire(blocking=False):
+            return None
+        try:
+            found: list[tuple[int, int]] = []
+            self.db.scan(data, match_event_handler=_gate_hit, context=found)
+            return found
+        finally:
+            self.lock.release()
+
+
+def _gate_hit(shape: int, _start: int, end: int, _flags: int, found: list[tuple[int, int]]) -> None:
+    found.append((shape, end))
+
+
+_BYTE_GATES: list[_ByteGates | None] = []
+
+
+def _byte_gates() -> _ByteGates | None:
+    """The Hyperscan gates, built on first use (the worker never needs them: it masks a write at a time)."""
+    if not _BYTE_GATES:
+        try:
+            import hyperscan  # type: ignore[import-not-found,import-untyped,unused-ignore]
+
+            _BYTE_GATES.append(_ByteGates(hyperscan))
+        except Exception:  # noqa: BLE001 - ImportError, hyperscan.error, a CPU it cannot run on: the text path
+            _BYTE_GATES.append(None)
+    return _BYTE_GATES[0]
+
+
+def _mask_gated_byte_lines(data: bytes, hits: list[tuple[int, int]]) -> bytes:
+    if not hits:
+        return data
+    lines: dict[int, set[int]] = {}
+    whole: set[int] = set()
+    for i, end in hits:
+        if SHAPES[i].spans_lines:
+            whole.add(i)  # a private key block spans lines: tried on the whole chunk
+        else:
+            lines.setdefault(data.rfind(b"\n", 0, end) + 1, set()).add(i)
+    out: list[bytes] = []
+    done = 0
+    for start in sorted(lines):
+        end = data.find(b"\n", start)
+        end = len(data) if end < 0 else end
+        line = data[start:end].decode("utf-8", "surrogateescape")
+        masked = line
+        for i in sorted(lines[start]):
+            masked = _mask_one(SHAPES[i], masked)
+        out += (data[done:start], masked.encode("utf-8", "surrogateescape") if masked != line else data[start:end])
+        done = end
+    out.append(data[done:])
+    result = b"".join(out)
+    if whole:
+        text = result.decode("utf-8", "surrogateescape")
+        for i in sorted(whole):
+            text = _mask_one(SHAPES[i], text)
+        result = text.encode("utf-8", "surrogateescape")
+    return result
 
 
 def redact_files(paths: Sequence[str | os.PathLike[str]], redactor: Redactor | None = None) -> list[str]:
