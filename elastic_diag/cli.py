@@ -123,7 +123,9 @@ def _cmd_report(args: argparse.Namespace) -> int:
     for p in problems:
         print(f"elastic-diag: {p}", file=sys.stderr)
     if args.output == "-":
-        sys.stdout.write(page)
+        from elastic_diag import redaction
+
+        sys.stdout.write(redaction.current().text(page))  # as write_atomic masks what goes to a file
         return EXIT_OK
     path = Path(args.output) if args.output else diag_dir / HTML_FILE
     try:

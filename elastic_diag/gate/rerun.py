@@ -67,15 +67,31 @@ def _push(buf: deque[bytes], size: int, chunk: bytes, limit: int) -> int:
 
 class _BoundedSink:
     """Keeps the first and the last ``LOG_LIMIT // 2`` bytes in memory and writes them to the log, with
-    a line between them saying how much was left out."""
+    a line between them saying how much was left out. A log that cannot be written (a full disk) is
+    given up (``log_failed``): the output stays in memory, bounded as ever."""
 
     def __init__(self, log: IO[bytes] | None) -> None:
         self.log = log
+        self.log_failed = False
         self.total = 0
         self.head = bytearray()
         self.tail: deque[bytes] = deque()  # whole chunks holding at least the last LOG_LIMIT // 2 bytes
         self.tail_bytes = 0
         self.closed = False
+
+    def _write(self, data: bytes) -> None:
+        if self.log is None:
+            return
+        try:
+            self.log.write(data)
+        except OSError:
+            self._give_up_log()
+
+    def _give_up_log(self) -> None:
+        assert self.log is not None
+        with contextlib.suppress(OSError):
+            self.log.close()
+        self.log, self.log_failed = None, True
 
     def add(self, chunk: bytes) -> None:
         if self.closed:
@@ -84,22 +100,23 @@ class _BoundedSink:
         room = LOG_LIMIT // 2 - len(self.head)
         if room > 0:
             self.head += chunk[:room]
-            if self.log is not None:
-                self.log.write(chunk[:room])
+            self._write(chunk[:room])
             chunk = chunk[room:]
         if chunk:
             self.tail_bytes = _push(self.tail, self.tail_bytes, chunk, LOG_LIMIT // 2)
 
     def close(self) -> None:
         self.closed = True
-        if self.log is None:
-            return
         end = b"".join(self.tail)[-(LOG_LIMIT // 2) :]
         kept = len(self.head) + len(end)
         if self.total > kept:
-            self.log.write(f"\n[elastic_diag: {self.total - kept} bytes of output left out here]\n".encode())
-        self.log.write(end)
-        self.log.close()
+            self._write(f"\n[elastic_diag: {self.total - kept} bytes of output left out here]\n".encode())
+        self._write(end)
+        if self.log is not None:
+            try:
+                self.log.close()
+            except OSError:  # the buffered rest did not fit
+                self._give_up_log()
 
     def text_tail(self) -> str:
         """The output's last TAIL_LIMIT bytes."""
@@ -143,10 +160,19 @@ def run_command(command: str | Sequence[Step], *, timeout_s: float, log_path: Pa
         if timed_out or exit_code != 0:
             break
     sink.close()
+    if sink.log_failed and log_path is not None:  # a part of a log is no log: the output tail is in the record
+        with contextlib.suppress(OSError):
+            os.unlink(log_path)
+        log = None
     if log is not None and log_path is not None:  # no secret of this process in the kept output
         from elastic_diag import redaction
 
-        redaction.redact_file(log_path, redaction.current())
+        try:
+            redaction.redact_file(log_path, redaction.current())
+        except OSError:  # a full disk: a log that may hold a secret is not kept
+            with contextlib.suppress(OSError):
+                os.unlink(log_path)
+            log = None
     tail = sink.text_tail() + (f"\n[elastic_diag: killed after the {timeout_s:g} s deadline]\n" if timed_out else "")
     return CommandRun(None if timed_out else exit_code, timed_out, time.monotonic() - started, sink.total,
                       bytes(sink.head).decode(errors="replace"), tail,
