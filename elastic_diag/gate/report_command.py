@@ -20,7 +20,9 @@ would). Everything else a shell would act on (``;``, ``|``, ``||``, ``&``, redir
   script, or an option before ``-c``/``-m`` is refused;
 * its ``NAME=VALUE`` settings name only :data:`ENV_NAMES` (debug switches and elastic_diag's own
   settings: never ``LD_PRELOAD``, ``PYTHONPATH``, a plugin path);
-* a launcher step has no ``--no-python`` (it would run any program as the job).
+* a launcher step has no ``--no-python`` (it would run any program as the job), and carries the job's
+  restart-gate commands (``--diag-verify``, ``ELASTIC_DIAG_VERIFY``: they run with ``bash -c``) only
+  with ``--max-restarts 0`` (or none), where the gate never runs them.
 
 ``cd DIR`` may only be the first step (it sets where the others run). The allow-list limits which
 programs run, not what a relaunch's script does: a launcher step runs the script the report names,
@@ -37,15 +39,16 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import PurePosixPath
 
-from elastic_diag.config import ENV_DIAG_DIR
-from elastic_diag.launch.relaunch import SWITCH_SETTINGS
+from elastic_diag import config as settings
+from elastic_diag.layout import ENV_BEACON, ENV_SWITCH
 
 # what a step may set in its environment: switches that make a failure say more, and elastic_diag's own
 # settings (a relaunch under plain torchrun carries them). Not a loader path, not a plugin.
 ENV_NAMES = frozenset({
     "CUDA_LAUNCH_BLOCKING", "PYTHONFAULTHANDLER", "NCCL_DEBUG", "NCCL_DEBUG_SUBSYS", "TORCH_DISTRIBUTED_DEBUG",
     "TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_DUMP_ON_TIMEOUT", "TORCH_NCCL_TRACE_BUFFER_SIZE", "TORCH_CPP_LOG_LEVEL",
-    "TORCH_SHOW_CPP_STACKTRACES", "OMP_NUM_THREADS", ENV_DIAG_DIR, *SWITCH_SETTINGS,
+    "TORCH_SHOW_CPP_STACKTRACES", "OMP_NUM_THREADS", ENV_SWITCH, ENV_BEACON,
+    *(getattr(settings, name) for name in dir(settings) if name.startswith("ENV_")),
 })  # fmt: skip
 # ``python -m`` these: the launchers a relaunch is written with (launch/relaunch.py's _program)
 PYTHON_MODULES = frozenset({"elastic_diag", "elastic_diag.run", "elastic_diag.cli", "torch.distributed.run"})
@@ -348,11 +351,31 @@ def _step_refusals(step: Step) -> list[str]:
         return ["`cd` is only allowed as the first step (`cd DIR && ...`)"]
     if _PYTHON.fullmatch(program):
         why = _python_refusal(args)
+        launcher = args[:1] == ["-m"]
     elif program in PROGRAMS:
         why = PROGRAMS[program](args)
+        launcher = program in LAUNCHERS
     else:
         return [f"{program!r} is not on the allow-list of diagnostic programs"]
+    if why is None and launcher:
+        why = _gate_stays_shut(args, [name for name, _ in step.env])
     return [f"{program}: {why}"] if why else []
+
+
+def _gate_stays_shut(args: Sequence[str], env_names: Sequence[str]) -> str | None:
+    """A relaunch may carry the job's restart-gate commands (``--diag-verify``, ELASTIC_DIAG_VERIFY: run
+    with ``bash -c``) only where the gate never runs them: no restart (``--max-restarts 0``, or none given:
+    torchrun's default). Any abbreviation argparse would take counts."""
+    gate = settings.ENV_VERIFY in env_names or any(a.partition("=")[0].startswith("--diag-v") for a in args)
+    if not gate:
+        return None
+    for i, arg in enumerate(args):
+        name, eq, value = arg.partition("=")
+        if len(name) > 4 and any(full.startswith(name) for full in ("--max-restarts", "--max_restarts")):
+            value = value if eq else (args[i + 1] if i + 1 < len(args) else "")
+            if value != "0":
+                return "a restart-gate command (--diag-verify, ELASTIC_DIAG_VERIFY) and restarts: the gate would run it"
+    return None
 
 
 def _python_refusal(args: Sequence[str]) -> str | None:

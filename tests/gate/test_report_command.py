@@ -57,10 +57,12 @@ def _launches(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, JobF
     monkeypatch.chdir(cwd)
     monkeypatch.setenv("ELASTIC_DIAG", "1")
     monkeypatch.setenv("ELASTIC_DIAG_GRACE", "2")
+    monkeypatch.setenv("ELASTIC_DIAG_VERIFY", "collective; echo ok | grep ok")  # the job's own gate commands
     config = DiagConfig(diag_dir=tmp_path / "diag dir", checkpoint_dir=tmp_path / "ckpt")
     script = ["train.py", "--lr", "3e-4", "--hf-token", "hf_abcdefgh", "--name", "a b"]
     launches = {
-        "torchrun-diag": job_facts("torchrun-diag", config, ["--nproc-per-node", "2", "--max-restarts", "3", *script]),
+        "torchrun-diag": job_facts("torchrun-diag", config, ["--nproc-per-node", "2", "--max-restarts", "3",
+                                                             "--diag-verify", "nvidia-smi; echo ok", *script]),
         "torchrun": job_facts("torchrun", config, ["--standalone", "--nproc-per-node=2", *script],
                               program_path=str(Path(sys.executable).parent / "torchrun")),
         "python -m torch.distributed.run": job_facts("torchrun", config, ["--nproc-per-node", "2", *script],
@@ -100,6 +102,7 @@ def test_the_relaunch_is_split_into_the_words_it_was_joined_from(tmp_path, monke
     assert plan is not None
     (step,) = read_command(plan.command).steps
     assert dict(step.env) == {"CUDA_LAUNCH_BLOCKING": "1", "ELASTIC_DIAG": "1", "ELASTIC_DIAG_GRACE": "2",
+                              "ELASTIC_DIAG_VERIFY": "collective; echo ok | grep ok",
                               "ELASTIC_DIAG_DIR": f"{tmp_path}/diag dir.verify"}  # fmt: skip
     assert step.argv[0].endswith("/torchrun") and step.argv[-4:] == ("--hf-token", "hf_abcdefgh", "--name", "a b")
 
@@ -134,6 +137,10 @@ REFUSED = [
     ("python3 -m elastic_diag verify /d --yes", "only its run, analyze"),
     ("torchrun --no-python sh -c 'touch /tmp/pwned'", "would run any program"),
     ("torchrun-diag --no_python=1 touch /tmp/pwned", "would run any program"),
+    ("torchrun-diag --max-restarts 3 --diag-verify 'touch /tmp/pwned' -m no_such_module", "the gate would run it"),
+    ("torchrun-diag --max-restarts 0 --max-r 2 --diag-ver 'touch /tmp/pwned' t.py", "the gate would run it"),
+    ("ELASTIC_DIAG_VERIFY='touch /tmp/pwned' torchrun --max_restarts=1 t.py", "the gate would run it"),
+    ("python3 -m elastic_diag run --diag-verify=x --max-restarts 1 t.py", "the gate would run it"),
     ("LD_PRELOAD=/tmp/evil.so nvidia-smi -q", "setting LD_PRELOAD is not allowed"),
     ("PYTHONPATH=/tmp/evil torchrun-diag t.py", "setting PYTHONPATH is not allowed"),
     ("NCCL_NET_PLUGIN=/tmp/evil.so torchrun t.py", "setting NCCL_NET_PLUGIN is not allowed"),
