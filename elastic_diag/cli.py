@@ -1,9 +1,9 @@
 """``elastic-diag``: the command-line front door.
 
 Subcommands: ``run`` (the same as ``torchrun-diag``), ``analyze PATH...`` (offline, no torch),
-``report DIR`` (render report.html), ``verify DIR`` (run the report's verification command and record
-the outcome), ``signatures`` (list the taxonomy), ``explain ID`` (one
-signature as a page).
+``report DIR`` (render report.html), ``verify DIR`` (show the report's verification command and where it
+comes from, ask, run it if it is on the allow-list, record the outcome: gate/report_command.py),
+``signatures`` (list the taxonomy), ``explain ID`` (one signature as a page).
 ``main(argv) -> parse -> subcommand``; only ``main`` touches the exit status.
 """
 
@@ -16,7 +16,7 @@ import textwrap
 from collections.abc import Sequence
 from pathlib import Path
 
-from elastic_diag.errors import EXIT_FAILED, EXIT_OK, EXIT_USAGE, ElasticDiagError
+from elastic_diag.errors import EXIT_FAILED, EXIT_NOT_RUN, EXIT_OK, EXIT_USAGE, CommandRefused, ElasticDiagError
 
 
 def explain_text(sid: str) -> str:
@@ -112,22 +112,38 @@ def _diag_dir(arg: str) -> Path | None:
 
 
 def _cmd_report(args: argparse.Namespace) -> int:
-    from elastic_diag.report.html import write_html
+    from elastic_diag.layout import HTML_FILE, write_atomic
+    from elastic_diag.report.html import render_html
+    from elastic_diag.report.reading import load_report_dir
     from elastic_diag.report.terminal import shown
 
     diag_dir = _diag_dir(args.diag_dir)
     if diag_dir is None:
         return EXIT_USAGE
-    path, problems = write_html(diag_dir)
+    report, problems = load_report_dir(diag_dir)
+    page = render_html(report, problems, source=str(diag_dir / "report.json"))
     for p in problems:
         print(f"elastic-diag: {shown(p)}", file=sys.stderr)
+    if args.output == "-":
+        from elastic_diag import redaction
+
+        sys.stdout.write(redaction.current().text(page))  # as write_atomic masks what goes to a file
+        return EXIT_OK
+    path = Path(args.output) if args.output else diag_dir / HTML_FILE
+    try:
+        write_atomic(path, page)
+    except OSError as e:  # a read-only or full diag dir: nothing there is lost, the page goes elsewhere
+        print(f"elastic-diag: error: cannot write {shown(str(path))} ({e.strerror or e}); pass --output FILE to "
+              "write the page elsewhere, or --output - for stdout", file=sys.stderr)  # fmt: skip
+        return EXIT_USAGE
     print(shown(str(path)))
     return EXIT_OK
 
 
 def _cmd_verify(args: argparse.Namespace) -> int:
-    from elastic_diag.gate.rerun import verify_diag_dir
-    from elastic_diag.report.terminal import Progress
+    from elastic_diag.gate.rerun import pending_verification, verify_diag_dir
+    from elastic_diag.redaction import MASK
+    from elastic_diag.report.terminal import Progress, printable, shown
 
     diag_dir = _diag_dir(args.diag_dir)
     if diag_dir is None:
@@ -135,16 +151,49 @@ def _cmd_verify(args: argparse.Namespace) -> int:
     if not 1 <= args.timeout <= 86_400:
         print(f"elastic-diag: error: --timeout {args.timeout:g}: must be between 1 and 86400 seconds", file=sys.stderr)
         return EXIT_USAGE
+    pending = pending_verification(diag_dir)
+    if pending.command:  # a report is data: show what it would run and where it comes from, then ask
+        print(f"elastic-diag verify: {printable(pending.describe())}", file=sys.stderr)
+        if MASK in pending.command:
+            print(f"elastic-diag: not run: the command holds a secret masked as {MASK} when the report was written; "
+                  "run it yourself with the real value", file=sys.stderr)  # fmt: skip
+            return EXIT_NOT_RUN
+        if pending.parsed.unreadable is not None or (pending.parsed.refusals and not args.allow_any_command):
+            print("elastic-diag: refused: not run (see above); read it and run it yourself, or pass "
+                  "--allow-any-command to run it here (still without a shell)", file=sys.stderr)  # fmt: skip
+            return EXIT_NOT_RUN
+        if not args.yes and not _yes_on_terminal():
+            return EXIT_NOT_RUN
     with Progress(f"elastic-diag verify: running the verification of {diag_dir} (at most {args.timeout:g} s)",
                   sys.stderr):  # fmt: skip
-        record = verify_diag_dir(diag_dir, timeout_s=args.timeout)
+        record = verify_diag_dir(diag_dir, timeout_s=args.timeout, allow_any_command=args.allow_any_command,
+                                 pending=pending)  # fmt: skip
     if record.get("command"):
-        print(f"ran: {record['command']}")
-    print(("PASSED: " if record["passed"] else "FAILED: ") + str(record["summary"]))
+        from elastic_diag.gate.rerun import shown_command
+
+        print(f"ran: {printable(shown_command(record['command']))}")
+    print(("PASSED: " if record["passed"] else "FAILED: ") + shown(str(record["summary"])))
     if record.get("output_file"):
-        print(f"output: {record['output_file']} ({record.get('output_bytes', 0)} bytes)")
-    print(f"recorded in {diag_dir / 'report.json'} (verification)")
+        print(f"output: {shown(str(record['output_file']))} ({record.get('output_bytes', 0)} bytes)")
+    if record.get("not_recorded"):
+        print(f"elastic-diag: the outcome is not recorded: {shown(str(record['not_recorded']))}", file=sys.stderr)
+    else:
+        print(f"recorded in {diag_dir / 'report.json'} (verification)")
     return EXIT_OK if record["passed"] else EXIT_FAILED
+
+
+def _yes_on_terminal() -> bool:
+    """Ask on the terminal whether to run it; with no terminal to ask, say how to say yes. True: run."""
+    if not sys.stdin.isatty():
+        print("elastic-diag: not run: stdin is not a terminal, so nobody can be asked; read the command above "
+              "and pass --yes to run it", file=sys.stderr)  # fmt: skip
+        return False
+    print("Run it? [y/N] ", end="", file=sys.stderr, flush=True)
+    answer = sys.stdin.readline()
+    if answer.strip().lower() in ("y", "yes"):
+        return True
+    print("elastic-diag: not run (the answer was not yes)", file=sys.stderr)
+    return False
 
 
 def get_parser() -> argparse.ArgumentParser:
@@ -163,6 +212,9 @@ def get_parser() -> argparse.ArgumentParser:
     analyze.set_defaults(func=_cmd_analyze)
     report = sub.add_parser("report", help="(re)render report.html of a diag dir, from its report.json")
     report.add_argument("diag_dir", help="the run's diag dir (or its report.json)")
+    report.add_argument(
+        "--output", "-o", metavar="FILE", help="write the page to FILE instead of DIR/report.html ('-': stdout)"
+    )
     report.set_defaults(func=_cmd_report)
     verify = sub.add_parser("verify", help="run a report's verification command; exit 0 when the failure is gone")
     verify.add_argument("diag_dir", help="the run's diag dir (or its report.json)")
@@ -172,6 +224,14 @@ def get_parser() -> argparse.ArgumentParser:
         default=1800.0,
         metavar="S",
         help="kill the command after S seconds (default 1800): a timeout fails the verification",
+    )
+    verify.add_argument(
+        "--yes", "-y", action="store_true", help="run the command without asking (needed where stdin is not a terminal)"
+    )
+    verify.add_argument(
+        "--allow-any-command",
+        action="store_true",
+        help="run a command that is not on the allow-list of diagnostic programs (still no shell)",
     )
     verify.set_defaults(func=_cmd_verify)
     explain = sub.add_parser("explain", help="explain one failure signature")
@@ -189,6 +249,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = get_parser().parse_args(argv)
     try:
         return int(args.func(args))
+    except CommandRefused as e:
+        print(f"elastic-diag: refused: {e}", file=sys.stderr)
+        return EXIT_NOT_RUN
     except ElasticDiagError as e:
         print(f"elastic-diag: error: {e}", file=sys.stderr)
         return EXIT_USAGE

@@ -5,7 +5,8 @@
     ElasticDiagError                 base of everything elastic_diag raises on purpose
     ├── UsageError                   bad flags, missing script, unwritable diag dir (exit 2)
     ├── TaxonomyError                a signature data file is malformed
-    └── EvidenceError                evidence on disk could not be read or parsed
+    ├── EvidenceError                evidence on disk could not be read or parsed
+    └── CommandRefused               `elastic-diag verify` will not run a report's command (exit 5)
 
 Messages name the bad value and what to do about it.
 """
@@ -19,6 +20,10 @@ EXIT_USAGE = 2  # a usage error caught before any worker started (argparse uses 
 EXIT_RESTART_REFUSED = 3  # the job failed and the restart gate refused a restart
 EXIT_VERIFY_FAILED = 4  # the job failed and a verification control failed, so no restart
 EXIT_SIGNALLED = 128  # + the signal's number: the launcher was stopped from outside (143 SIGTERM, 130 SIGINT)
+
+# Exit code of `elastic-diag verify` (0 the failure is gone, 1 still there, 2 usage): the report's command
+# was not run (off the allow-list, no terminal to ask and no --yes, or the answer was not yes).
+EXIT_NOT_RUN = 5
 
 
 class ElasticDiagError(Exception):
@@ -35,3 +40,7 @@ class TaxonomyError(ElasticDiagError):
 
 class EvidenceError(ElasticDiagError):
     """Evidence on disk could not be read or parsed."""
+
+
+class CommandRefused(ElasticDiagError):
+    """A report's verification command that ``elastic-diag verify`` will not run (says why and what to do)."""

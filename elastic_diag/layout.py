@@ -296,14 +296,14 @@ def read_window(path: Path, max_bytes: int) -> tuple[list[str], bool] | None:
 
 
 def read_json(path: Path, max_bytes: int | None = None) -> dict[str, Any] | None:
-    """A JSON object, or None (missing, unreadable, not JSON, not an object, over ``max_bytes``)."""
+    """A JSON object, or None (missing, unreadable, not JSON, nested too deep, not an object, over ``max_bytes``)."""
     try:
         with open(path, "rb") as fp:
             raw = fp.read() if max_bytes is None else fp.read(max_bytes + 1)
         if max_bytes is not None and len(raw) > max_bytes:
             return None
         data = json.loads(raw.decode("utf-8", errors="replace"))
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):  # RecursionError: nested deeper than the parser goes
         return None
     return data if isinstance(data, dict) else None
 

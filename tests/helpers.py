@@ -79,9 +79,11 @@ class Run:
     def verify(self, timeout: float = 120) -> tuple[int, dict[str, Any], str]:
         """``elastic-diag verify`` on this run, as a user would after it: (exit status, report.json's
         ``verification``, its stdout). Kills what the re-run left behind."""
-        argv = [sys.executable, "-m", "elastic_diag.cli", "verify", str(self.diag_dir), "--timeout", str(timeout)]
+        argv = [sys.executable, "-m", "elastic_diag.cli", "verify", str(self.diag_dir), "--timeout", str(timeout),
+                "--yes"]  # fmt: skip
         try:
             p = subprocess.run(argv, capture_output=True, text=True, timeout=timeout + 60, cwd=ROOT,
+                               stdin=subprocess.DEVNULL,
                                env={**os.environ, "OMP_NUM_THREADS": "1"}, start_new_session=True)  # fmt: skip
         finally:
             kill_leftovers(Path(str(self.diag_dir) + ".verify"))
@@ -97,6 +99,22 @@ class Run:
 
     def rank(self, rank: int) -> dict[str, Any]:
         return next(r for r in self.report["ranks"] if r["rank"] == rank)
+
+
+def report_dir(d: Path, command: str, *, cwd: Path | None = None, signature_id: str | None = "python-exception",
+               status: str = "failed", **fields: Any) -> Path:  # fmt: skip
+    """A diag dir whose report.json (a valid elastic_diag.report/1) asks ``elastic-diag verify`` to run
+    ``command``; ``fields`` replace the report's top-level entries (run_id, node, ...)."""
+    d.mkdir(parents=True, exist_ok=True)
+    report = {"schema": "elastic_diag.report/1", "run_id": "r", "status": status, "ranks": [], "warnings": [],
+              "attempts": [], "node": "n", "diag_dir": str(d), "internal_errors": [], "notes": [],
+              "diagnosis": {"failure_class": "python_exception", "initiating_rank": 1, "initiating_node": "n",
+                            "exception_type": "ValueError", "signature_id": signature_id, "summary": "s",
+                            "evidence": [], "fix": "f", "verify": command, "collateral_ranks": [0],
+                            "verify_plan": {"command": command, "expect": "e", "cwd": str(cwd or d)}},
+              **fields}  # fmt: skip
+    (d / "report.json").write_text(json.dumps(report))
+    return d
 
 
 def kill_leftovers(diag_dir: Path) -> None:

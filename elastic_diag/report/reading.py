@@ -105,6 +105,8 @@ def load_report_dir(diag_dir: Path) -> tuple[dict[str, Any], list[str]]:
                 report = loaded
             else:
                 problems.append(f"{REPORT_FILE} holds a JSON {type(loaded).__name__}, not an object")
+        except RecursionError:  # nested deeper than the parser goes: nothing of it is shown
+            problems.append(f"{REPORT_FILE} is nested too deep to read (not a report of elastic_diag)")
         except ValueError:
             report, where = salvage_object(text)
             if text.strip():

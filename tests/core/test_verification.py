@@ -12,7 +12,7 @@ import sys
 import time
 from pathlib import Path
 
-from helpers import ROOT
+from helpers import ROOT, report_dir
 
 from elastic_diag.config import DiagConfig
 from elastic_diag.core.taxonomy import load_taxonomy
@@ -231,43 +231,46 @@ def test_relaunch_under_the_switch_keeps_the_switch_and_moves_the_diag_dir(tmp_p
 
 def _diag_dir(tmp_path: Path, command: str, name: str = "run", signature_id: str | None = "python-exception",
               status: str = "failed") -> Path:  # fmt: skip
-    d = tmp_path / name
-    d.mkdir()
-    report = {"schema": "elastic_diag.report/1", "run_id": "r", "status": status, "ranks": [], "warnings": [],
-              "attempts": [], "node": "n", "diag_dir": str(d), "internal_errors": [], "notes": [],
-              "diagnosis": {"failure_class": "python_exception", "initiating_rank": 1, "initiating_node": "n",
-                            "exception_type": "ValueError", "signature_id": signature_id, "summary": "s",
-                            "evidence": [], "fix": "f", "verify": command, "collateral_ranks": [0],
-                            "verify_plan": {"command": command, "expect": "e", "cwd": str(tmp_path)}}}  # fmt: skip
-    (d / "report.json").write_text(json.dumps(report))
-    return d
+    return report_dir(tmp_path / name, command, cwd=tmp_path, signature_id=signature_id, status=status)
 
 
 def verify(d: Path, *args: str, timeout: float = 120) -> tuple[subprocess.CompletedProcess[str], dict]:
+    """``elastic-diag verify`` with no terminal: ``--yes`` (and here, ``--allow-any-command``: these commands
+    are Python snippets of the tests', not on the allow-list) where a test means it to run."""
     p = subprocess.run([sys.executable, "-m", "elastic_diag.cli", "verify", str(d), *args], capture_output=True,
-                       text=True, timeout=timeout, cwd=ROOT)  # fmt: skip
+                       text=True, timeout=timeout, cwd=ROOT, stdin=subprocess.DEVNULL)  # fmt: skip
     report = json.loads((d / "report.json").read_text()) if (d / "report.json").exists() else {}
     if "verification" in report:
         validate(report)
     return p, report.get("verification", {})
 
 
+RUN = ("--yes", "--allow-any-command")
+
+
+def py(code: str, *args: str) -> str:
+    """A command line running ``code`` with this interpreter (no shell reads it: verify runs argv)."""
+    return shlex.join([sys.executable, "-c", code, *args])
+
+
 def test_verify_passes_fails_and_sees_the_signature(tmp_path):
-    d = _diag_dir(tmp_path, "echo all good; pwd")
-    p, v = verify(d)
+    d = _diag_dir(tmp_path, py("import os; print('all good'); print(os.getcwd())"))
+    p, v = verify(d, *RUN)
     assert p.returncode == 0 and v["passed"] and v["exit_code"] == 0 and "PASSED" in p.stdout, (p.stdout, p.stderr)
     assert str(tmp_path) in v["output_tail"]  # it ran in the job's cwd
     assert "report.html" in os.listdir(d)
-    d2 = _diag_dir(tmp_path, "echo 'ValueError: bad batch at step 3'; exit 0", name="b")
-    p, v = verify(d2)
+    d2 = _diag_dir(tmp_path, py("print('ValueError: bad batch at step 3')"), name="b")
+    p, v = verify(d2, *RUN)
     assert p.returncode == 1 and not v["passed"] and v["signature_seen"] == "ValueError: bad batch at step 3", v
 
 
 def test_verify_of_a_command_that_hangs_is_killed_with_its_children_at_the_deadline(tmp_path):
     marker = tmp_path / "child.pid"
-    d = _diag_dir(tmp_path, f"sleep 300 & echo $! > {marker}; sleep 300")
+    hang = ("import subprocess, sys, time; child = subprocess.Popen(['sleep', '300']); "
+            "open(sys.argv[1], 'w').write(str(child.pid)); time.sleep(300)")  # fmt: skip
+    d = _diag_dir(tmp_path, py(hang, str(marker)))
     started = time.monotonic()
-    p, v = verify(d, "--timeout", "2")
+    p, v = verify(d, "--timeout", "2", *RUN)
     assert (
         p.returncode == 1 and v["timed_out"] and v["exit_code"] is None and "did not finish within 2 s" in v["summary"]
     )
@@ -282,10 +285,12 @@ def test_verify_of_a_command_that_hangs_is_killed_with_its_children_at_the_deadl
 
 
 def test_verify_of_a_command_that_prints_gbs_stays_bounded(tmp_path):
-    d = _diag_dir(
-        tmp_path,
-        "yes 'step 1234 loss 2.345 lr 3e-4 a chatty line' | head -c 1200000000; echo; echo 'ValueError: at the end'",
+    chatty = (
+        "import sys; out = sys.stdout.buffer; chunk = b'step 1234 loss 2.345 lr 3e-4 a chatty line\\n' * 25000\n"
+        "for _ in range(1_200_000_000 // len(chunk) + 1): out.write(chunk)\n"
+        "out.write(b'\\nValueError: at the end\\n')"
     )
+    d = _diag_dir(tmp_path, py(chatty))
     # the peak of the verify process tree alone, measured by a parent of its own: this worker's own
     # RUSAGE_CHILDREN keeps the peak of every child it ever had (a torch run of an earlier test)
     measure = (
@@ -293,7 +298,8 @@ def test_verify_of_a_command_that_prints_gbs_stays_bounded(tmp_path):
         "print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss, file=sys.stderr); sys.exit(code)"
     )
     p = subprocess.run([sys.executable, "-c", measure, sys.executable, "-m", "elastic_diag.cli", "verify", str(d),
-                        "--timeout", "120"], capture_output=True, text=True, timeout=240, cwd=ROOT)  # fmt: skip
+                        "--timeout", "120", *RUN], capture_output=True, text=True, timeout=240, cwd=ROOT,
+                       stdin=subprocess.DEVNULL)  # fmt: skip
     v = json.loads((d / "report.json").read_text())["verification"]
     assert p.returncode == 1, p.stderr
     assert v["output_bytes"] > 1_200_000_000 and v["signature_seen"] == "ValueError: at the end", v["summary"]
@@ -322,5 +328,5 @@ def test_verify_bad_input(tmp_path):
     p, v = verify(ok)
     assert p.returncode == 0 and "nothing to verify" in v["summary"]
     missing = _diag_dir(tmp_path, "no-such-tool-anywhere --x", name="m")
-    p, v = verify(missing)
+    p, v = verify(missing, *RUN)
     assert p.returncode == 1 and v["exit_code"] == 127 and "command not found" in v["output_tail"]
