@@ -94,7 +94,7 @@ def main() -> int:
     try:
         while proc.poll() is None:
             got = proc_figures(proc.pid)
-            last = got or last
+            last = got if got is not None and got[1] > 0 else last  # a zombie has no VmHWM
             time.sleep(0.05)
             if time.monotonic() - start > 300:
                 os.killpg(proc.pid, 9)

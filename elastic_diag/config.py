@@ -38,6 +38,7 @@ TOML_KEYS = ("diag_dir", "grace", "stack_timeout", "tail_lines", "hang_timeout",
              "termination_log")  # fmt: skip
 
 DEFAULT_RUNS_DIR = "elastic_diag_runs"
+DIAG_DIR_MODE = 0o700  # a diag dir elastic_diag creates (layout.PRIVATE_DIR_MODE): the evidence is private
 DEFAULT_GRACE_S = 5.0
 DEFAULT_STACK_TIMEOUT_S = 2.0
 PROGRESS_INTERVAL_S = 2.0  # the beacons' tick when no short threshold is set
@@ -281,10 +282,11 @@ class DiagConfig:
     def writable_problem(self) -> str | None:
         """Create the diag dir (0700, with the parents it lacks: the evidence holds paths, command lines, hosts,
         the job's output) and prove it writable; what is wrong with it, or None."""
-        from elastic_diag.layout import make_private_dir
-
         try:
-            make_private_dir(self.diag_dir)
+            missing = [d for d in (self.diag_dir, *self.diag_dir.parents) if not d.is_dir()]
+            for folder in reversed(missing):  # as layout.make_private_dir (config sits below layout)
+                os.makedirs(folder, DIAG_DIR_MODE, exist_ok=True)
+                os.chmod(folder, DIAG_DIR_MODE)  # the umask took its bits from makedirs' mode
             probe = self.diag_dir / f".write-probe-{os.getpid()}"
             fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
             try:
