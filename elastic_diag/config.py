@@ -38,7 +38,7 @@ TOML_KEYS = ("diag_dir", "grace", "stack_timeout", "tail_lines", "hang_timeout",
              "termination_log")  # fmt: skip
 
 DEFAULT_RUNS_DIR = "elastic_diag_runs"
-DIAG_DIR_MAX_MODE = 0o750  # a new diag dir is never wider than this
+DIAG_DIR_MODE = 0o700  # a diag dir elastic_diag creates (layout.PRIVATE_DIR_MODE): the evidence is private
 DEFAULT_GRACE_S = 5.0
 DEFAULT_STACK_TIMEOUT_S = 2.0
 PROGRESS_INTERVAL_S = 2.0  # the beacons' tick when no short threshold is set
@@ -275,22 +275,39 @@ class DiagConfig:
         """How often each rank's beacon rewrites progress.json: every 2 s (each wake-up of a thread in every rank
         costs a loaded host; ``benchmarks/launcher.py overhead``), more often under a short threshold the user
         set, so that a rank making progress always shows it well within the threshold. A dump request does
-        not wait for the next tick (the beacon's FIFO wakes it)."""
+        not wait for the next tick (the agent wakes the beacon through its socket)."""
         fixed = [t for t in (self.hang_timeout_s, self.stall_timeout_s) if t]
         return min([PROGRESS_INTERVAL_S, *(max(0.1, t / 5) for t in fixed)])
 
+    def writable_problem(self) -> str | None:
+        """Create the diag dir (0700, with the parents it lacks: the evidence holds paths, command lines, hosts,
+        the job's output) and prove it writable; what is wrong with it, or None."""
+        try:
+            missing = [d for d in (self.diag_dir, *self.diag_dir.parents) if not d.is_dir()]
+            for folder in reversed(missing):  # as layout.make_private_dir (config sits below layout)
+                os.makedirs(folder, DIAG_DIR_MODE, exist_ok=True)
+                os.chmod(folder, DIAG_DIR_MODE)  # the umask took its bits from makedirs' mode
+            probe = self.diag_dir / f".write-probe-{os.getpid()}"
+            fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            try:
+                os.write(fd, b"ok")
+            finally:
+                os.close(fd)
+                probe.unlink(missing_ok=True)
+        except OSError as e:
+            return f"the diag dir {str(self.diag_dir)!r} is not writable ({e.strerror or e})"
+        return None
+
+    def check_folder_path(self) -> None:
+        """A diag dir path that can never be a folder (it, or a folder above it, is a file) is a mistyped path:
+        a usage error, unlike a folder that cannot be written now (a read-only mount), where the job runs."""
+        for path in (self.diag_dir, *self.diag_dir.parents):
+            if path.exists() and not path.is_dir():
+                raise UsageError(f"the diag dir {str(self.diag_dir)!r} is not writable: {str(path)!r} is a file, "
+                                 f"not a folder; pass --diag-dir DIR or set {ENV_DIAG_DIR} to a folder")  # fmt: skip
+
     def check_writable(self) -> None:
         """Create the diag dir and prove it writable, or raise a UsageError naming it."""
-        try:
-            created = not self.diag_dir.exists()
-            self.diag_dir.mkdir(parents=True, exist_ok=True)
-            if created:  # the user's umask, but never open to everyone: the evidence holds paths, args, hosts
-                self.diag_dir.chmod(self.diag_dir.stat().st_mode & DIAG_DIR_MAX_MODE)
-            probe = self.diag_dir / f".write-probe-{os.getpid()}"
-            probe.write_text("ok")
-            probe.unlink()
-        except OSError as e:
-            raise UsageError(
-                f"the diag dir {str(self.diag_dir)!r} is not writable ({e.strerror or e}); "
-                f"pass --diag-dir DIR or set {ENV_DIAG_DIR} to a folder you can write"
-            ) from e
+        problem = self.writable_problem()
+        if problem is not None:
+            raise UsageError(f"{problem}; pass --diag-dir DIR or set {ENV_DIAG_DIR} to a folder you can write")

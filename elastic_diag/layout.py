@@ -4,8 +4,10 @@ live agent and the offline analyzer read them through the same readers, so the t
 
 ::
 
-    <diag-dir>/
+    <diag-dir>/                           folders 0700, files 0600 (private to the user, whatever the umask)
         report.json  report.html          the run's verdict (schema elastic_diag.report/1) and its page
+        launcher_alive.<node>.json        the launcher's pid while it runs, removed once its final report is
+                                          written: left behind, it says the launcher died (launcher_deaths)
         attempt_<N>/
             report.json                   the attempt's own report
             environment.json              versions, memory, disks, ulimits, variables, GPUs at the first failure
@@ -25,7 +27,8 @@ live agent and the offline analyzer read them through the same readers, so the t
                 fr_trace.json             the flight recorder's entries (on a dump request, an exception, exit)
                 nccl_trace_rank_<R>       NCCL's own flight-recorder dump on a watchdog timeout (a pickle)
                 nonfinite.json            the first non-finite loss the rank backpropagated
-                dump.request  dump.done   the agent's request for stacks and the beacon's answer
+                dump.request  dump.done   the agent's request for stacks and the beacon's answer (the agent
+                                          wakes the beacon through a socket with no file: wake_address)
                 pyspy.txt                 native stacks (py-spy, when installed) taken on a hang alarm
                 first_error.json          the first error of its own the rank printed, with when (the line clock)
                 root_cause.json           the error file torch's "Root Cause" block is pointed at
@@ -35,7 +38,10 @@ live agent and the offline analyzer read them through the same readers, so the t
 
 :func:`read_attempt` reads an attempt's folder into the core's evidence model, for the live agent and for
 ``elastic-diag analyze`` alike: the live verdict is the verdict on what is on disk. :func:`write_atomic` is
-the one way a file of the folder is written (a temporary file, then a rename; secrets masked).
+the one way a file of the folder is written (a temporary file, then a rename; secrets masked; on a full disk
+the temporary file is removed and the old file, if any, stays whole), :func:`make_private_dir` and
+:func:`create_private_file` the way a folder or a file someone else writes into (torch, the ranks' streams)
+is made.
 
 Torch-free and cheap to import (every rank imports it before the user's script): the readers import
 the core's record types when they are first called. Every reader is bounded and never raises on a
@@ -49,6 +55,7 @@ import json
 import os
 import pickle
 import threading
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -86,7 +93,7 @@ NCCL_TRACE_PREFIX = "nccl_trace_rank_"
 NONFINITE_FILE = "nonfinite.json"
 DUMP_REQUEST_FILE = "dump.request"
 DUMP_DONE_FILE = "dump.done"
-DUMP_WAKE_FILE = "dump.wake"  # a FIFO the beacon waits on: a dump request wakes it at once (removed at exit)
+DUMP_WAKE_FILE = "dump.wake"  # an earlier version's FIFO: removed when a folder is reused (see wake_address)
 PYSPY_FILE = "pyspy.txt"
 FIRST_ERROR_FILE = "first_error.json"
 ROOT_CAUSE_FILE = "root_cause.json"
@@ -106,6 +113,23 @@ STALE_FILES = (EXCEPTION_FILE, ERROR_FILE, STACKS_FILE, PROGRESS_FILE, FR_FILE, 
                FIRST_ERROR_FILE)  # fmt: skip
 
 
+def wake_address(rank_dir: str | os.PathLike[str]) -> bytes:
+    """Where the agent wakes a rank's beacon (a dump request answered at once, not at the next tick): a Unix
+    datagram socket in Linux's abstract namespace named after the rank's folder. Nothing on disk: the kernel
+    takes the name away when the rank dies, however it dies (a FIFO in the folder outlived a rank killed with
+    its launcher, and a reader that opened it waited forever for a writer)."""
+    import hashlib  # only where a beacon starts or the agent wakes one
+
+    digest = hashlib.sha256(os.fsencode(os.path.abspath(rank_dir))).hexdigest()[:32]
+    return b"\0elastic_diag-wake-" + digest.encode()
+
+
+PRIVATE_DIR_MODE = 0o700  # the evidence holds paths, command lines, host names, the job's output
+PRIVATE_FILE_MODE = 0o600
+LAUNCHER_ALIVE_PREFIX = "launcher_alive."
+LAUNCHER_ALIVE_MAX_BYTES = 4096
+
+
 def attempt_dir_name(attempt: int) -> str:
     return f"attempt_{attempt}"
 
@@ -123,6 +147,7 @@ def stall_dir_name(number: int) -> str:
 ENV_RANK_DIR = "ELASTIC_DIAG_RANK_DIR"  # the rank's folder (above): the bootstrap writes there
 ENV_BOOT_PATH = "ELASTIC_DIAG_BOOT_PATH"  # the bootstrap's folder put first on PYTHONPATH (removed in the rank)
 ENV_ATTEMPT = "ELASTIC_DIAG_ATTEMPT"
+ENV_LAUNCHER_PID = "ELASTIC_DIAG_LAUNCHER_PID"  # the rank exits when this process dies (worker/bootstrap.py)
 ENV_RESUME_FROM = "ELASTIC_DIAG_RESUME_FROM"  # the restart gate: the newest verified checkpoint
 ENV_PREVIOUS_DIAGNOSIS = "ELASTIC_DIAG_PREVIOUS_DIAGNOSIS"  # the restart gate: the verdict that ended the last attempt
 # read by the ranks (the user's settings)
@@ -174,18 +199,49 @@ class AttemptLayout:
 # --- the writers ----------------------------------------------------------------------------------
 
 
+def make_private_dir(path: Path) -> None:
+    """``path`` and the parents it lacks, each new one 0700 whatever the umask (a folder that was there is
+    left as it is: the user's own choice)."""
+    missing = []
+    for folder in (path, *path.parents):
+        if folder.is_dir():
+            break
+        missing.append(folder)
+    for folder in reversed(missing):
+        try:
+            os.mkdir(folder, PRIVATE_DIR_MODE)
+        except FileExistsError:  # made meanwhile (another rank, another node's agent)
+            continue
+        os.chmod(folder, PRIVATE_DIR_MODE)  # mkdir's mode passes through the umask
+
+
+def create_private_file(path: Path) -> None:
+    """An empty file, 0600 whatever the umask, for another writer to open later (torch opens the ranks' streams
+    with ``open(path, "w")``: that keeps the mode). A file already there keeps its content and becomes 0600."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, PRIVATE_FILE_MODE)
+    try:
+        os.fchmod(fd, PRIVATE_FILE_MODE)
+    finally:
+        os.close(fd)
+
+
 def write_atomic(path: Path, data: str | bytes, *, redact: bool = True) -> None:
-    """A temporary file beside ``path``, then a rename: a reader never sees half a file. Text has this
-    process's secrets masked first (``redact``: off only for what holds none, on a hot path)."""
+    """A temporary file beside ``path``, then a rename: a reader never sees half a file, and a write that
+    fails (a full disk: ENOSPC, EDQUOT) leaves no temporary file and the old ``path``, if any, whole. The file
+    is 0600, its new folders 0700. Text has this process's secrets masked first (``redact``: off only for what
+    holds none, on a hot path)."""
     from elastic_diag import redaction
 
-    path.parent.mkdir(parents=True, exist_ok=True)
+    if not path.parent.is_dir():
+        make_private_dir(path.parent)
     raw = data.encode("utf-8") if isinstance(data, str) else data
     if redact and isinstance(data, str):
         raw = redaction.current().text(data).encode("utf-8")
     tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")  # threads write too
     try:
-        with open(tmp, "wb") as fp:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, PRIVATE_FILE_MODE)
+        with open(fd, "wb") as fp:
+            os.fchmod(fd, PRIVATE_FILE_MODE)  # the mode os.open got passed through the umask
             fp.write(raw)
         os.replace(tmp, path)
     except BaseException:
@@ -207,24 +263,95 @@ def write_json_atomic(path: Path, data: Any, *, indent: int | None = 2, redact: 
 
 def write_launcher_record(
     attempt: AttemptLayout, evidence: AttemptEvidence, *, node: str, tail_lines: int, stack_offsets: dict[int, int]
-) -> None:
+) -> tuple[dict[int, dict[str, Any]], list[str]]:
     """Each rank's ``launcher.json``: what the launcher saw of it (its exit, whether the launcher stopped it, what
     the kernel said of a SIGKILL, where the stack taken at the verdict begins in stacks.txt) and of the attempt
     on its node (when the verdict was taken, the health monitor's alarm). One file a rank, in the rank's own
     folder: the agents of several nodes that share a diag dir never write the same file. With the ranks' own
-    files it is all :func:`read_attempt` needs."""
+    files it is all :func:`read_attempt` needs. Returns every rank's record and what could not be written (a
+    full disk): :func:`read_attempt` takes the records in hand for the files that are not there."""
     folders = {r.rank: r.dir for r in attempt.ranks.values()}
+    records: dict[int, dict[str, Any]] = {}
+    failed: list[str] = []
     for ev in evidence.ranks:
         if ev.rank not in folders:
             continue
-        write_json_atomic(folders[ev.rank] / LAUNCHER_FILE, {
+        records[ev.rank] = {
             "schema": LAUNCHER_SCHEMA, "attempt": evidence.attempt, "run_id": evidence.run_id, "node": node,
             "decided_at": evidence.decided_at, "hang": evidence.hang, "tail_lines": tail_lines,
             "rank": {"rank": ev.rank, "local_rank": ev.local_rank, "pid": ev.pid, "exit_code": ev.exit_code,
                      "exit_time": ev.exit_time, "alive_at_decision": ev.alive_at_decision,
                      "stopped_by_agent": ev.stopped_by_agent, "kernel": ev.kernel.to_json() if ev.kernel else None,
                      "stack_offset": stack_offsets.get(ev.rank), "node": node},
-        }, indent=None)  # fmt: skip
+        }  # fmt: skip
+        try:
+            write_json_atomic(folders[ev.rank] / LAUNCHER_FILE, records[ev.rank], indent=None)
+        except OSError as e:
+            failed.append(f"rank {ev.rank}: {LAUNCHER_FILE} could not be written ({e.strerror or e})")
+    return records, failed
+
+
+# --- the launcher's own record: whether it died --------------------------------------------------------
+
+
+def launcher_alive_path(diag_dir: Path, node: str) -> Path:
+    import re
+
+    return diag_dir / f"{LAUNCHER_ALIVE_PREFIX}{re.sub(r'[^A-Za-z0-9._-]', '_', node) or 'node'}.json"
+
+
+def process_start_ticks(pid: int) -> int | None:
+    """When the process started, in clock ticks since boot (/proc/PID/stat's 22nd field): a pid and this
+    name one process, not a later one that got the pid again. None: no such process (or no /proc)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fp:
+            fields = fp.read(4096).rsplit(b")", 1)[1].split()
+        return int(fields[19])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def write_launcher_alive(diag_dir: Path, node: str) -> Path:
+    """The launcher's record while it runs (pid, host, when it started); the session removes it once the
+    run's final report is written. Found later with no process behind it: the launcher died."""
+    import socket  # the launcher's, not the ranks' (layout is imported in every rank)
+
+    path = launcher_alive_path(diag_dir, node)
+    pid = os.getpid()
+    write_json_atomic(path, {"pid": pid, "host": socket.gethostname(), "node": node, "started": time.time(),
+                             "start_ticks": process_start_ticks(pid)}, indent=None)  # fmt: skip
+    return path
+
+
+def launcher_deaths(diag_dir: Path) -> list[str]:
+    """What the launchers' records left in ``diag_dir`` say: one sentence a launcher that died without writing
+    its final record (SIGKILL, the OOM killer, its node gone), or that is still running."""
+    import socket
+
+    from elastic_diag.core.values import as_int, as_seconds
+
+    said = []
+    try:
+        records = sorted(diag_dir.glob(f"{LAUNCHER_ALIVE_PREFIX}*.json"))
+    except OSError:
+        return []
+    for path in records:
+        data = read_json(path, LAUNCHER_ALIVE_MAX_BYTES)
+        pid = as_int(data.get("pid")) if data else None
+        if data is None or pid is None:
+            continue
+        started = as_seconds(data.get("started"))
+        when = time.strftime(" at %Y-%m-%d %H:%M:%S", time.localtime(started)) if started else ""
+        who = f"the launcher (pid {pid} on {data.get('node') or data.get('host')}, started{when})"
+        if data.get("host") != socket.gethostname():
+            said.append(f"{who} wrote no final record: it is still running, or it died (another host: its "
+                        "process cannot be looked at from here)")  # fmt: skip
+        elif (ticks := process_start_ticks(pid)) is not None and ticks == data.get("start_ticks"):
+            said.append(f"{who} is still running: this is the evidence so far")
+        else:
+            said.append(f"{who} died without writing its final record (killed: SIGKILL, the OOM killer); the "
+                        "kernel sent its ranks SIGTERM; what follows is the evidence as it was left")  # fmt: skip
+    return said
 
 
 # --- the readers: bounded, never raise on a missing or garbled file ---------------------------------
@@ -481,12 +608,15 @@ def is_attempt_dir(path: Path) -> bool:
 
 
 def _launcher_facts(
-    attempt_dir: Path, folders: dict[int, Path], problems: list[str]
+    attempt_dir: Path, folders: dict[int, Path], problems: list[str], in_hand: dict[int, dict[str, Any]] | None = None
 ) -> tuple[dict[str, Any], dict[int, dict[str, Any]]]:
     """What the launcher saw: the attempt's fields (of the first rank's record; ``decided_at`` the earliest of
     the nodes') and each rank's record, from each rank's launcher.json. An earlier version's folder has none:
     the exits its report.json recorded stand in (facts, never its roles); else nothing is known."""
     records = {r: read_json(d / LAUNCHER_FILE, LAUNCHER_MAX_BYTES) for r, d in folders.items()}
+    for r, held in (in_hand or {}).items():  # the live agent's own, where the disk did not take them
+        if r in records and records[r] is None:
+            records[r] = held
     ranks: dict[int, dict[str, Any]] = {}
     attempt: dict[str, Any] = {}
     for r, data in sorted(records.items()):
@@ -645,14 +775,16 @@ def _rank_evidence(
 
 
 def read_attempt(
-    attempt_dir: Path, *, tail_lines: int | None = None, taxonomy: Taxonomy | None = None, only: set[int] | None = None
-) -> AttemptRead:
+    attempt_dir: Path, *, tail_lines: int | None = None, taxonomy: Taxonomy | None = None, only: set[int] | None = None,
+    launcher_records: dict[int, dict[str, Any]] | None = None,
+) -> AttemptRead:  # fmt: skip
     """An attempt's evidence folder as the core's evidence model: what the launcher saw (``launcher.json``)
     and every rank's own files, the stalls the health monitor recorded, the environment snapshot. The live
     agent judges what this returns; so does ``elastic-diag analyze`` pointed at the folder. A folder that is
     half there (a run killed mid-write, a copy missing files, an earlier version's) gives what is there and
     says what is missing in ``problems``; nothing raises. ``only``: these ranks (the live agent of one node reads
-    its own ranks; the other nodes' agents write theirs into the same folder on a shared file system)."""
+    its own ranks; the other nodes' agents write theirs into the same folder on a shared file system).
+    ``launcher_records``: the live agent's launcher.json records, for the ranks whose file a full disk refused."""
     from elastic_diag.core.evidence import AttemptEvidence
     from elastic_diag.core.taxonomy import load_taxonomy
     from elastic_diag.core.values import as_int, as_seconds
@@ -666,7 +798,7 @@ def read_attempt(
         folders = {}
     if only is not None:
         folders = {r: d for r, d in folders.items() if r in only}
-    attempt_facts, rank_facts = _launcher_facts(attempt_dir, folders, problems)
+    attempt_facts, rank_facts = _launcher_facts(attempt_dir, folders, problems, launcher_records)
     if only is not None:
         rank_facts = {r: f for r, f in rank_facts.items() if r in only}
     node = str(attempt_facts.get("node") or "")

@@ -366,7 +366,9 @@ def redact_file(path: str | os.PathLike[str], redactor: Redactor, chunk: int = 1
             head = src.read(chunk)
             if len(head) < chunk and _masked(head, redactor) == head:
                 return False  # the common case: a small file with nothing to mask, left untouched
-            with open(tmp, "wb") as dst:
+            # 0600 whatever the umask: the file it replaces is one of the diag dir's (layout.PRIVATE_FILE_MODE)
+            with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "wb") as dst:
+                os.fchmod(dst.fileno(), 0o600)
                 carry = b""
                 while head or carry:
                     data = carry + head

@@ -91,7 +91,7 @@ class DiagAgent(LocalElasticAgent):
     def _announce(self, end: RunEnd) -> int:
         from elastic_diag.report.summary import print_summary
 
-        print_summary(end.report, str(self._session.report_path))
+        print_summary(end.report, str(self._session.report_path), unwritten=self._session.unwritten)
         if end.requeue_line:
             print(end.requeue_line, file=sys.stderr)
         return end.exit_code

@@ -32,7 +32,7 @@ from torch.distributed.elastic.agent.server.api import RunResult, WorkerState
 
 from elastic_diag import redaction
 from elastic_diag.agent.clock import Clock, Sleep
-from elastic_diag.agent.dumps import POLL_S, native_stacks_of, remove_wake_fifos, request_dumps
+from elastic_diag.agent.dumps import POLL_S, native_stacks_of, request_dumps
 from elastic_diag.agent.environment import BUDGET_S as ENVIRONMENT_BUDGET_S
 from elastic_diag.agent.environment import take_snapshot
 from elastic_diag.agent.health import HangAlarm, HealthMonitor
@@ -51,6 +51,7 @@ from elastic_diag.layout import (
     ENVIRONMENT_FILE,
     FILTERED_STDERR_FILE,
     FILTERED_STDOUT_FILE,
+    LAUNCHER_FILE,
     PROGRESS_FILE,
     STACKS_FILE,
     STDERR_FILE,
@@ -269,13 +270,8 @@ class AttemptCapture:
                 entry["where"] = str(frame) if frame is not None else None
                 entry["stack_file"] = str(w.layout.dir / STACKS_FILE) if stacks.get(lr) else None
             ranks.append(entry)
-        self._remove_wake_fifos()  # torch's teardown SIGKILLs the holdouts
         return {"signal": signal.Signals(signum).name if signum in signal.Signals._value2member_map_ else signum,
                 "grace_s": self.config.grace_s, "ranks": ranks}  # fmt: skip
-
-    def _remove_wake_fifos(self) -> None:
-        """The beacons' FIFOs of ranks that did not take theirs with them (killed): not left in the evidence."""
-        remove_wake_fifos([w.layout.dir for w in self.workers.values()])
 
     def stop_group(self) -> None:
         """SIGTERM every live rank; torch's own monitor then sees the exits and tears down the rest."""
@@ -306,11 +302,13 @@ class AttemptCapture:
             hang=self.hang.to_json() if self.hang is not None else None,
         )  # fmt: skip
         offsets = {self.workers[lr].rank: offset for lr, offset in self.stack_offsets.items() if self.stacks.get(lr)}
-        write_launcher_record(self.attempt, seen, node=self.node, tail_lines=self.config.tail_lines,
-                              stack_offsets=offsets)  # fmt: skip
+        records, unwritten = write_launcher_record(self.attempt, seen, node=self.node, stack_offsets=offsets,
+                                                   tail_lines=self.config.tail_lines)  # fmt: skip
         read = read_attempt(self.attempt.dir, tail_lines=self.config.tail_lines,
-                            only={w.rank for w in self.workers.values()})  # fmt: skip
-        problems = [*read.problems, *self.tailer.problems]
+                            only={w.rank for w in self.workers.values()}, launcher_records=records)  # fmt: skip
+        problems = [*unwritten[:3], *read.problems, *self.tailer.problems]
+        if len(unwritten) > 3:
+            problems.insert(3, f"and {len(unwritten) - 3} more ranks' {LAUNCHER_FILE}: not written either")
         problems.extend(evidence_gaps(list(read.evidence.ranks), self.tailer))
         self.problems = [*self.missing_evidence, *problems]
         return read.evidence
@@ -327,7 +325,6 @@ class AttemptCapture:
         self.tailer.stop()
         status: AttemptStatus = "succeeded" if result.state == WorkerState.SUCCEEDED else "failed"
         self.stalls.join(STALL_JOIN_S)
-        self._remove_wake_fifos()
         if status == "failed":
             self.start_environment_snapshot()  # torch saw the failure first: take it now
         if self._environment is not None:

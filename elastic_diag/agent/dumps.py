@@ -8,7 +8,7 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
-import stat
+import socket
 import subprocess
 import sys
 import threading
@@ -19,12 +19,12 @@ from elastic_diag.agent.clock import Clock, Sleep
 from elastic_diag.layout import (
     DUMP_DONE_FILE,
     DUMP_REQUEST_FILE,
-    DUMP_WAKE_FILE,
     PYSPY_FILE,
     RankLayout,
     read_json,
     read_stack_since,
     stack_file_size,
+    wake_address,
     write_atomic,
 )
 from elastic_diag.worker import bootstrap
@@ -100,31 +100,18 @@ def request_dumps(
 
 
 def wake_beacon(rank_dir: Path) -> bool:
-    """Wake the rank's beacon thread now (a byte into its FIFO), rather than at its next tick; False when
-    there is no FIFO or nobody reads it (the rank is gone): the request file waits for the next tick."""
-    path = rank_dir / DUMP_WAKE_FILE
+    """Wake the rank's beacon thread now (a byte to its socket, :func:`~elastic_diag.layout.wake_address`),
+    rather than at its next tick; False when nobody listens (the rank is gone, or its beacon has no socket): the
+    request file waits for the next tick. Never blocks."""
     try:
-        if not stat.S_ISFIFO(os.stat(path).st_mode):
-            return False
-        fd = os.open(path, os.O_WRONLY | os.O_NONBLOCK)  # ENXIO: no reader
-    except OSError:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sock:
+            sock.setblocking(False)
+            sock.sendto(b"!", wake_address(rank_dir))
+    except BlockingIOError:  # its queue is full: a wake-up is already pending
+        return True
+    except (OSError, ValueError):  # ECONNREFUSED: no socket bound to the name
         return False
-    try:
-        os.write(fd, b"!")
-        return True
-    except OSError:  # full: a wake-up is already pending
-        return True
-    finally:
-        os.close(fd)
-
-
-def remove_wake_fifos(rank_dirs: list[Path]) -> None:
-    """The FIFOs of ranks that did not remove their own (killed): not left in the evidence folder."""
-    for d in rank_dirs:
-        path = d / DUMP_WAKE_FILE
-        with contextlib.suppress(OSError):
-            if stat.S_ISFIFO(os.lstat(path).st_mode):
-                path.unlink()
+    return True
 
 
 def find_py_spy() -> str | None:
@@ -161,6 +148,6 @@ def native_stacks(pid: int, rank_dir: Path, timeout: float = NATIVE_STACKS_S, ex
     except (OSError, subprocess.SubprocessError) as e:
         return f"py-spy failed: {e}"
     text = (out.stdout or out.stderr)[:STACK_LIMIT]
-    with contextlib.suppress(OSError):
-        (rank_dir / PYSPY_FILE).write_text(text)
+    with contextlib.suppress(OSError):  # a full disk: no partial file left
+        write_atomic(rank_dir / PYSPY_FILE, text)
     return text

@@ -19,6 +19,7 @@ from elastic_diag.config import ENV_DIAG_DIR, default_diag_dir
 from elastic_diag.layout import (
     ENV_ATTEMPT,
     ENV_BOOT_PATH,
+    ENV_LAUNCHER_PID,
     ENV_RANK_DIR,
     ENV_TORCHELASTIC_ERROR_FILE,
     ENV_TORCHELASTIC_RESTART_COUNT,
@@ -28,10 +29,13 @@ from elastic_diag.layout import (
     STALE_FILES,
     STDERR_FILE,
     STDOUT_FILE,
+    STREAM_FILES,
     AttemptLayout,
     RankLayout,
     attempt_dir_name,
+    create_private_file,
     flight_recorder_env,
+    make_private_dir,
     rank_dir_name,
 )
 
@@ -107,7 +111,9 @@ class DiagLogsSpecs(LogsSpecs):
         first = envs[0] if nprocs else {}
         attempt = int(first.get(ENV_TORCHELASTIC_RESTART_COUNT, "0"))
         attempt_dir = self.diag_dir / attempt_dir_name(attempt)
-        attempt_dir.mkdir(parents=True, exist_ok=True)
+        make_private_dir(attempt_dir)
+        for name in (FILTERED_STDOUT_FILE, FILTERED_STDERR_FILE):  # torch opens them "w": they keep our 0600
+            create_private_file(attempt_dir / name)
         layout = AttemptLayout(attempt=attempt, dir=attempt_dir)
 
         redirs = to_map(self._redirects, nprocs)
@@ -121,9 +127,11 @@ class DiagLogsSpecs(LogsSpecs):
             env = envs[local_rank]
             rank = int(env.get("RANK", local_rank))
             rank_dir = attempt_dir / rank_dir_name(rank)
-            rank_dir.mkdir(parents=True, exist_ok=True)
+            make_private_dir(rank_dir)
             for stale in STALE_FILES:
                 (rank_dir / stale).unlink(missing_ok=True)
+            for name in STREAM_FILES:  # the ranks' streams, opened by torch's process handler
+                create_private_file(rank_dir / name)
             layout.ranks[local_rank] = RankLayout(rank=rank, local_rank=local_rank, dir=rank_dir)
 
             dest.stdouts[local_rank] = str(rank_dir / STDOUT_FILE)
@@ -140,6 +148,7 @@ class DiagLogsSpecs(LogsSpecs):
                 env.setdefault(key, os.environ.get(key, value))
             env[ENV_RANK_DIR] = str(rank_dir)
             env[ENV_ATTEMPT] = str(attempt)
+            env[ENV_LAUNCHER_PID] = str(os.getpid())  # the rank exits when we die (worker/bootstrap.py)
             env.update(self.extra_env)
             env[ENV_BOOT_PATH] = BOOT_DIR
             env["PYTHONPATH"] = os.pathsep.join(p for p in (BOOT_DIR, env.get("PYTHONPATH", python_path)) if p)

@@ -18,14 +18,21 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Protocol
 
-from elastic_diag import redaction
 from elastic_diag.core.evidence import AttemptEvidence
 from elastic_diag.core.findings import retryable_own_failure
 from elastic_diag.core.taxonomy import load_taxonomy
 from elastic_diag.core.verdict import Diagnosis
 from elastic_diag.gate import controls, policy
 from elastic_diag.gate.policy import AttemptOutcome, GateRecord
-from elastic_diag.layout import ENV_PREVIOUS_DIAGNOSIS, ENV_RESUME_FROM, GATE_DIR, attempt_dir_name, latest_checkpoint
+from elastic_diag.layout import (
+    ENV_PREVIOUS_DIAGNOSIS,
+    ENV_RESUME_FROM,
+    GATE_DIR,
+    attempt_dir_name,
+    latest_checkpoint,
+    make_private_dir,
+    write_atomic,
+)
 from elastic_diag.report.session import DiagSession
 
 logger = logging.getLogger(__name__)
@@ -84,7 +91,7 @@ class RestartGate:
         config = self.session.config
         specs = list(config.verify) or controls.default_controls(config.checkpoint_dir)
         out_dir = config.diag_dir / attempt_dir_name(attempt) / GATE_DIR
-        out_dir.mkdir(parents=True, exist_ok=True)
+        make_private_dir(out_dir)
         ctx = controls.ControlContext(nproc=nproc, out_dir=out_dir, checkpoint_dir=config.checkpoint_dir,
                                       timeout_s=config.verify_timeout_s, retries=config.verify_retries,
                                       signature_patterns=_signature_patterns(diagnosis.signature_id))  # fmt: skip
@@ -94,7 +101,7 @@ class RestartGate:
         for i, r in enumerate(results):
             out_file = out_dir / f"control_{i}_{_slug(r.name)}.log"
             try:
-                out_file.write_text(redaction.current().text(r.output))
+                write_atomic(out_file, r.output)  # masked
                 kept: str | None = str(out_file)
             except OSError:
                 kept = None

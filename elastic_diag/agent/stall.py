@@ -49,6 +49,7 @@ from elastic_diag.layout import (
     rank_dir_name,
     read_json,
     stall_dir_name,
+    write_atomic,
     write_json_atomic,
 )
 
@@ -172,8 +173,7 @@ class StallSnapshots:
         """The rank's stack and its fresh flight recorder into the stall's folder; the collective it waits in."""
         rank, _, layout = self.targets[lr]
         out = folder / rank_dir_name(rank)
-        out.mkdir(parents=True, exist_ok=True)
-        (out / STACKS_FILE).write_text(stack[:STACK_LIMIT])
+        write_atomic(out / STACKS_FILE, stack[:STACK_LIMIT], redact=False)  # its folder made 0700
         if asked_at is None:
             return None  # a silent beacon wrote no fresh flight record
         fr = read_json(layout.path(FR_FILE), STALL_FR_MAX_BYTES)

@@ -140,7 +140,9 @@ def run_command(command: str | Sequence[Step], *, timeout_s: float, log_path: Pa
     log: IO[bytes] | None = None
     if log_path is not None:
         try:
-            log = open(log_path, "wb")  # noqa: SIM115 (closed by the sink)
+            # 0600 whatever the umask, as every file of the diag dir (layout.PRIVATE_FILE_MODE); closed by the sink
+            log = open(os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "wb")  # noqa: SIM115
+            os.fchmod(log.fileno(), 0o600)
         except OSError:
             log = None
     sink = _BoundedSink(log)

@@ -66,6 +66,7 @@ def _prepare_rdzv(args: argparse.Namespace) -> None:
 
 
 def run_plain_torchrun(args: argparse.Namespace) -> int:
+    """torch's own ``torchrun`` on the same arguments: ``--no-diag``, and a diag dir that cannot be written."""
     from torch.distributed.elastic.multiprocessing.errors import record
     from torch.distributed.run import run
 
@@ -73,10 +74,10 @@ def run_plain_torchrun(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _print_summary(report: dict[str, object], path: str) -> None:
+def _print_summary(report: dict[str, object], path: str, unwritten: dict[str, str]) -> None:
     from elastic_diag.report.summary import print_summary  # loaded after the run, not before the ranks start
 
-    print_summary(report, path)
+    print_summary(report, path, unwritten=unwritten)
 
 
 def run_diagnosed(args: argparse.Namespace, argv: Sequence[str] | None = None) -> int:
@@ -90,7 +91,7 @@ def run_diagnosed(args: argparse.Namespace, argv: Sequence[str] | None = None) -
     from torch.distributed.run import config_from_args
 
     from elastic_diag.agent.agent import defer_stop_signals
-    from elastic_diag.config import DiagConfig
+    from elastic_diag.config import ENV_DIAG_DIR, DiagConfig
     from elastic_diag.gate.policy import load_policy
     from elastic_diag.launch.launcher import launch_agent
     from elastic_diag.launch.relaunch import job_facts
@@ -114,7 +115,12 @@ def run_diagnosed(args: argparse.Namespace, argv: Sequence[str] | None = None) -
         termination_log=args.diag_termination_log,
     )
     load_policy(config.restart_policy)  # a usage error before anything starts (open_session loads it again)
-    config.check_writable()
+    config.check_folder_path()
+    problem = config.writable_problem()
+    if problem is not None:  # the job comes first: it runs as plain torchrun would, and exits as it would
+        print(f"torchrun-diag: warning: {problem}; the job runs WITHOUT diagnosis, as plain torchrun "
+              f"(pass --diag-dir DIR or set {ENV_DIAG_DIR} to a folder you can write)", file=sys.stderr)  # fmt: skip
+        return run_plain_torchrun(args)
     _prepare_rdzv(args)
     try:
         launch_config, cmd, cmd_args = config_from_args(args)
@@ -156,7 +162,7 @@ def run_diagnosed(args: argparse.Namespace, argv: Sequence[str] | None = None) -
 
 def _announce(end: RunEnd, session: DiagSession) -> int:
     """The summary, then the requeue decision's line, on stderr; the exit status."""
-    _print_summary(end.report, str(session.report_path))
+    _print_summary(end.report, str(session.report_path), session.unwritten)
     if end.requeue_line:
         print(end.requeue_line, file=sys.stderr)
     return end.exit_code

@@ -31,6 +31,7 @@ def open_session(
     policy = load_policy(config.restart_policy)
     config.check_writable()
     session = DiagSession(config, run_id=run_id)
+    session.mark_running()
     session.policy = policy
     session.job = job
     if config.termination_log is not None and (why := termination_log_problem(config.termination_log)) is not None:

@@ -9,7 +9,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from elastic_diag.layout import REPORT_FILE, attempt_dirs, is_attempt_dir, read_attempt
+from elastic_diag.layout import REPORT_FILE, attempt_dirs, is_attempt_dir, launcher_deaths, read_attempt
 from elastic_diag.report.document import MAX_REPORT_BYTES, SCHEMA
 
 
@@ -80,8 +80,8 @@ def load_report_dir(diag_dir: Path) -> tuple[dict[str, Any], list[str]]:
     """The report of a diag dir and the list of what is missing from it; never raises for bad content.
 
     With no usable verdict in report.json, the newest attempt's evidence folder is judged again and that
-    verdict stands in (said in the list)."""
-    problems: list[str] = []
+    verdict stands in (said in the list). A launcher that died without its final record is said first."""
+    problems: list[str] = launcher_deaths(diag_dir)
     path = diag_dir / REPORT_FILE
     report: dict[str, Any] = {}
     if not path.is_file():

@@ -2,7 +2,10 @@
 
 Every change (an attempt's verdict, an internal error, the end of the run) rewrites
 ``<diag-dir>/report.json`` at once, so the evidence already captured is on disk whatever happens
-next. Writing never raises: a report that cannot be written is logged, and the job goes on.
+next. Writing never raises: a report that cannot be written (a full disk) is logged in one line, kept
+in ``unwritten`` for the terminal summary, and the job goes on. While the run goes on, the launcher's
+record (``launcher_alive.<node>.json``) says it is alive; it is removed once the final report is written,
+so one left behind says the launcher died.
 """
 
 from __future__ import annotations
@@ -24,7 +27,15 @@ from elastic_diag.core.taxonomy import load_taxonomy
 from elastic_diag.core.verdict import AttemptStatus, Diagnosis, RunStatus, stopped_from_outside
 from elastic_diag.core.verification import JobFacts
 from elastic_diag.errors import EXIT_FAILED, EXIT_OK, EXIT_RESTART_REFUSED, EXIT_SIGNALLED, EXIT_VERIFY_FAILED
-from elastic_diag.layout import PROGRESS_FILE, REPORT_FILE, attempt_dir_name, latest_checkpoint, read_progress
+from elastic_diag.layout import (
+    HTML_FILE,
+    PROGRESS_FILE,
+    REPORT_FILE,
+    attempt_dir_name,
+    latest_checkpoint,
+    read_progress,
+    write_launcher_alive,
+)
 from elastic_diag.report.document import AttemptRecord, build_report, write_report
 from elastic_diag.report.termination import termination_message, write_termination_message
 
@@ -61,6 +72,8 @@ class DiagSession:
         self.requeue: RequeueDecision | None = None  # with a requeue exit code: whether the run asks for a requeue
         self.termination_log: Path | None = config.termination_log  # None: no termination message
         self.job: JobFacts | None = None  # what the verification commands re-run (launch/relaunch.py)
+        self.unwritten: dict[str, str] = {}  # a report file whose last write failed -> why (the summary says it)
+        self.alive_record: Path | None = None  # the launcher's record while it runs (mark_running)
 
     @property
     def report_path(self) -> Path:
@@ -89,8 +102,15 @@ class DiagSession:
         # a failed attempt's page at once (the launcher may be killed before the end); a healthy one's at the end
         self.write(page=status == "failed")
 
+    def mark_running(self) -> None:
+        """The launcher's record in the diag dir while it runs (:func:`~elastic_diag.layout.write_launcher_alive`)."""
+        with self.guard("writing the launcher's record"):
+            self.alive_record = write_launcher_alive(self.config.diag_dir, self.node)
+
     def internal_error(self, what: str, exc: BaseException) -> None:
-        logger.warning("elastic_diag: error while %s: %r (the job is not affected)", what, exc, exc_info=exc)
+        # a fault of the machine (a full disk, a folder removed) is said in one line; a bug of ours with its trace
+        trace = None if isinstance(exc, OSError) else exc
+        logger.warning("elastic_diag: error while %s: %r (the job is not affected)", what, exc, exc_info=trace)
         self.internal_errors.append(f"{what}: {type(exc).__name__}: {exc}")
         self.write(page=False)
 
@@ -201,6 +221,9 @@ class DiagSession:
                 logger.warning("elastic_diag: %s", problem)
                 self.internal_errors.append(problem)
                 report = self.write()
+        if self.alive_record is not None:  # the final record is there (or said not to be): no death to report
+            with contextlib.suppress(OSError):
+                self.alive_record.unlink()
         return report
 
     def exit_status(self, default: int) -> int:
@@ -261,14 +284,23 @@ class DiagSession:
         # the page's modules load with the first page (the run's end, or a failure), not before the ranks start
         from elastic_diag.report.html import write_html
 
+        page_path = self.report_path.parent / HTML_FILE
         try:  # the page a person opens, beside the JSON
             write_html(self.report_path.parent, report)
+            self.unwritten.pop(str(page_path), None)
         except Exception as e:  # the job comes first; report.json is written
-            logger.error("elastic_diag: could not write report.html: %r", e)
+            self._unwritten(page_path, e)
         return report
 
     def _write(self, path: Path, data: dict[str, Any]) -> None:
         try:
             write_report(path, data)
+            self.unwritten.pop(str(path), None)
         except Exception as e:  # the job comes first
-            logger.error("elastic_diag: could not write %s: %r", path, e)
+            self._unwritten(path, e)
+
+    def _unwritten(self, path: Path, e: Exception) -> None:
+        why = (e.strerror or str(e)) if isinstance(e, OSError) else repr(e)
+        if self.unwritten.get(str(path)) != why:  # once, not at every rewrite on a disk that stays full
+            logger.error("elastic_diag: could not write %s: %s", path, why)
+        self.unwritten[str(path)] = why

@@ -5,6 +5,7 @@ eight, then a row a story), the fix, the verify command, and where the evidence 
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from typing import Any
 
 from elastic_diag.core.verdict import format_ranks
@@ -16,10 +17,11 @@ TABLE_PER_RANK = 8  # the terminal's table: a row a rank up to this many, then a
 
 
 def format_summary(report: dict[str, Any], report_path: str, *, paint: Paint | None = None,
-                   compact_table: bool = False) -> str:  # fmt: skip
+                   compact_table: bool = False, unwritten: Mapping[str, str] | None = None) -> str:  # fmt: skip
     """The few lines a person reads first, at the end of the run. On a terminal (``compact_table``,
     ``paint`` with colour) the ranks come as a table of stories instead of one line of roles. Every text in
-    it is what the ranks printed, or made from it: secrets masked and control characters escaped first."""
+    it is what the ranks printed, or made from it: secrets masked and control characters escaped first.
+    ``unwritten``: the report files whose last write failed, and why (a full disk): named only where one is on disk."""
     paint = paint or Paint(False)
     report, report_path = shown_data(report), shown(report_path)
     d = report["diagnosis"]
@@ -96,14 +98,29 @@ def format_summary(report: dict[str, Any], report_path: str, *, paint: Paint | N
     for err in report.get("internal_errors", []):
         lines.append(f"  elastic_diag internal error (the job was not affected): {err}")
     page = os.path.join(os.path.dirname(report_path), HTML_FILE)
-    lines.append(f"  evidence: {report['diag_dir']}  (report: {report_path}; page: {page})")
+    named, failed = [], []
+    for label, path in (("report", report_path), ("page", page)):
+        why = (unwritten or {}).get(path)
+        if why is None:
+            named.append(f"{label}: {path}")
+        elif os.path.isfile(path):
+            named.append(f"{label}: {path}, an earlier state")
+            failed.append(f"{path}: its last update ({why})")
+        else:
+            failed.append(f"{path} ({why})")
+    lines.append(f"  evidence: {report['diag_dir']}" + (f"  ({'; '.join(named)})" if named else ""))
+    if failed:
+        lines.append(paint("  not written: ", "bold", "yellow") + "; ".join(failed))
     return "\n".join(lines)
 
 
-def print_summary(report: dict[str, Any], report_path: str, stream: Any = None) -> None:
+def print_summary(
+    report: dict[str, Any], report_path: str, stream: Any = None, unwritten: Mapping[str, str] | None = None
+) -> None:
     """The summary on ``stream`` (stderr), with colour and a table when it is a terminal."""
     import sys
 
     stream = stream if stream is not None else sys.stderr
-    text = format_summary(report, report_path, paint=Paint(wants_colour(stream)), compact_table=is_tty(stream))
+    text = format_summary(report, report_path, paint=Paint(wants_colour(stream)), compact_table=is_tty(stream),
+                          unwritten=unwritten)  # fmt: skip
     print(text, file=stream)

@@ -2,8 +2,8 @@
 
 Started by the worker bootstrap (no change to the training script). A daemon thread wakes every
 ``ELASTIC_DIAG_PROGRESS_INTERVAL`` seconds (the launcher sets it: 2 s, less under a short threshold the
-user set; see ``DiagConfig.progress_interval_s``), or at once when the agent writes to its FIFO
-(``dump.wake``, after a dump request), and:
+user set; see ``DiagConfig.progress_interval_s``), or at once when the agent sends a byte to its wake-up
+socket (:func:`elastic_diag.layout.wake_address`, after a dump request), and:
 
 * writes ``progress.json`` in the rank's evidence folder: optimizer steps (a global optimizer
   step hook) and the durations of the last ones, ``loss.backward()`` calls, explicit
@@ -44,7 +44,6 @@ from elastic_diag.layout import (
     CALLS_FILE,
     DUMP_DONE_FILE,
     DUMP_REQUEST_FILE,
-    DUMP_WAKE_FILE,
     ENV_BEACON,
     ENV_NO_TORCH_HOOKS,
     ENV_PROGRESS_INTERVAL,
@@ -52,13 +51,14 @@ from elastic_diag.layout import (
     FR_MAX_BYTES,
     NONFINITE_FILE,
     PROGRESS_FILE,
+    wake_address,
     write_atomic,
 )
 from elastic_diag.worker import calls
 
 ENV_INTERVAL = ENV_PROGRESS_INTERVAL
 DEFAULT_INTERVAL_S = 2.0  # without the launcher's setting (the bootstrap installed by hand)
-NO_WAKE_INTERVAL_S = 0.5  # the tick when no FIFO can be made: a dump request is read within it
+NO_WAKE_INTERVAL_S = 0.5  # the tick when no wake-up socket can be bound: a dump request is read within it
 STEP_HISTORY = 32
 
 
@@ -87,13 +87,14 @@ class Beacon:
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self._run, name="elastic-diag-beacon", daemon=True)
         self.thread_cpu_s = 0.0  # the beacon thread's own CPU time so far
-        self.wake_path = os.path.join(rank_dir, DUMP_WAKE_FILE)
-        self.wake_fd: int | None = None  # the FIFO the thread waits on (None: it only sleeps)
+        self.wake_socket: Any = None  # the socket the thread waits on (None: it only sleeps)
+        self.wake_fd: int | None = None
 
     # -- the thread --------------------------------------------------------------------------------
     def start(self) -> None:
-        self.wake_fd = _open_wake(self.wake_path)
-        if self.wake_fd is None:  # no FIFO (a filesystem without them): a request waits for a tick, so tick often
+        self.wake_socket = _open_wake(wake_address(self.rank_dir))
+        self.wake_fd = self.wake_socket.fileno() if self.wake_socket is not None else None
+        if self.wake_fd is None:  # no socket (not Linux, or the name taken): a request waits for a tick, so tick often
             self.interval = min(self.interval, NO_WAKE_INTERVAL_S)
         self.thread.start()
 
@@ -108,14 +109,17 @@ class Beacon:
             self.wake_fd = None
             return self.stop.is_set()
         if ready:
-            with contextlib.suppress(OSError):  # drained: one wake-up however many bytes were written
-                os.read(fd, 4096)
+            with contextlib.suppress(OSError):  # drained: one wake-up however many requests were sent
+                for _ in range(64):
+                    self.wake_socket.recv(16)
         return self.stop.is_set()
 
     def close_wake(self) -> None:
-        """The FIFO out of the evidence folder (the agent removes it too, for a rank that was killed)."""
-        with contextlib.suppress(OSError):
-            os.unlink(self.wake_path)
+        """The wake-up socket closed (the kernel closes it too, for a rank that was killed)."""
+        sock, self.wake_socket, self.wake_fd = self.wake_socket, None, None
+        if sock is not None:
+            with contextlib.suppress(OSError):
+                sock.close()
 
     def _run(self) -> None:
         failures = 0
@@ -289,16 +293,23 @@ class Beacon:
             write_atomic(Path(self.rank_dir) / name, data, redact=False)
 
 
-def _open_wake(path: str) -> int | None:
-    """The beacon's FIFO, opened for reading and writing (so that it never reads as closed while no agent
-    has it open) and not blocking; None where a FIFO cannot be made (the thread then only sleeps)."""
+def _open_wake(address: bytes) -> Any:
+    """The beacon's wake-up socket, bound and not blocking; None where it cannot be (no abstract namespace
+    outside Linux, or the name already taken: the thread then only sleeps). ``_socket``, not ``socket``: a
+    tenth of the import time, in every rank before its script starts."""
     try:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(path)
-        os.mkfifo(path, 0o600)
-        return os.open(path, os.O_RDWR | os.O_NONBLOCK)
-    except (OSError, AttributeError):
+        import _socket
+
+        sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_DGRAM)
+    except (ImportError, AttributeError, OSError):
         return None
+    try:
+        sock.bind(address)
+        sock.setblocking(False)
+    except OSError:
+        sock.close()
+        return None
+    return sock
 
 
 def _where(frame: Any) -> str:

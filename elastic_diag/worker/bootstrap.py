@@ -20,6 +20,11 @@ The launcher puts ``elastic_diag/worker/_boot`` first on each worker's ``PYTHONP
   and writes the flight recorder's entries when the rank dies of an exception or exits;
 * masks secrets in what the rank prints through ``sys.stdout`` / ``sys.stderr``
   (:class:`elastic_diag.redaction.RedactingStream`);
+* asks the kernel for a SIGTERM when the launcher dies (``prctl(PR_SET_PDEATHSIG)``, Linux): a rank whose
+  launcher was SIGKILLed (the OOM killer, a scheduler) does not wait forever on peers that are gone;
+* puts the rank's ``sys.stdout`` and ``sys.stderr`` (files in the rank's folder) behind
+  :class:`DiskFullGuard`: on a full disk a print is dropped and counted, never raised into the script
+  (under plain torchrun it would have gone to the console and the job would not have noticed);
 * removes its own variables from the environment, so that subprocesses of the rank do not write
   into the rank's evidence.
 
@@ -30,9 +35,12 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import errno
 import faulthandler
+import io
 import os
 import signal
+import stat
 import sys
 import threading
 import time
@@ -44,17 +52,22 @@ from typing import IO, Any
 from elastic_diag import redaction
 from elastic_diag.layout import (
     ENV_BOOT_PATH,
+    ENV_LAUNCHER_PID,
     ENV_NO_TORCH_HOOKS,
     ENV_RANK_DIR,
     EXCEPTION_FILE,
+    PRIVATE_FILE_MODE,
     STACKS_FILE,
     THREAD_EXCEPTION_FILE,
     WORKER_FILE,
+    make_private_dir,
     write_json_atomic,
 )
 from elastic_diag.worker import beacon, calls
 
 DUMP_SIGNAL = signal.SIGURG
+ORPHAN_SIGNAL = signal.SIGTERM  # what an orphan rank gets: its own handler (a checkpoint on SIGTERM) still runs
+PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 
 MESSAGE_LIMIT = 64 * 1024  # characters of an exception's message kept (a 1 MB message is cut, and says so)
 TRACEBACK_LIMIT = 256 * 1024
@@ -196,12 +209,99 @@ def _drop_boot_path_from_env() -> None:
         os.environ.pop("PYTHONPATH", None)
 
 
+DISK_FULL = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
+
+
+class DiskFullGuard(io.RawIOBase):
+    """A rank's stream file as the script's ``sys.stdout`` / ``sys.stderr`` write it: bytes the disk refuses
+    (full, over quota) are dropped and counted instead of raising ``OSError`` in the user's ``print`` (or
+    turning a clean exit into 120 when the interpreter's last flush fails). Once the disk takes bytes again, a
+    line says how many were lost. Any other error is raised as before."""
+
+    def __init__(self, fd: int) -> None:
+        super().__init__()
+        self._fd = fd
+        self.lost = 0
+
+    def writable(self) -> bool:
+        return True
+
+    def fileno(self) -> int:
+        return self._fd
+
+    def isatty(self) -> bool:
+        return False  # a regular file (only those are guarded)
+
+    def write(self, data: Any) -> int:
+        size = len(memoryview(data).cast("B"))
+        try:
+            if self.lost:
+                os.write(self._fd, f"\n[elastic_diag: {self.lost} bytes of this stream were lost: the disk was "
+                                   "full]\n".encode())  # fmt: skip
+                self.lost = 0
+            return os.write(self._fd, data)
+        except OSError as e:
+            if e.errno not in DISK_FULL:
+                raise
+            self.lost += size
+            return size
+
+
+def guard_stream(name: str) -> bool:
+    """``sys.<name>`` behind a :class:`DiskFullGuard` when it writes to a regular file (the launcher's
+    redirect into the rank's folder), with the same encoding, errors and buffering; False: left as it was."""
+    old = getattr(sys, name, None)
+    if not isinstance(old, io.TextIOWrapper):
+        return False
+    try:
+        fd = old.fileno()
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return False
+        old.flush()
+    except (OSError, ValueError):
+        return False
+    raw = DiskFullGuard(fd)
+    # python -u (torchrun's default) writes unbuffered bytes
+    binary: Any = io.BufferedWriter(raw) if isinstance(old.buffer, io.BufferedWriter) else raw
+    stream = io.TextIOWrapper(binary, encoding=old.encoding, errors=old.errors, line_buffering=old.line_buffering,
+                              write_through=old.write_through)  # fmt: skip
+    _state.setdefault("streams", []).append(old)  # the original stays open: it owns the descriptor
+    setattr(sys, name, stream)
+    return True
+
+
+def exit_with_launcher(launcher_pid: str | None) -> bool:
+    """Have the kernel send :data:`ORPHAN_SIGNAL` to this rank when the process that started it dies (torch's
+    agent, the launcher). The signal is sent only for a death after the call: a launcher already gone
+    (``launcher_pid`` no longer alive, and no longer our parent) gets the rank the same signal now. False
+    where the kernel has no such call (not Linux). A rank started by a wrapper (``--no-python bash run.sh``)
+    follows its wrapper."""
+    if not sys.platform.startswith("linux"):
+        return False
+    import ctypes  # 2 ms, Linux only
+
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.prctl(PR_SET_PDEATHSIG, int(ORPHAN_SIGNAL), 0, 0, 0) != 0:
+            return False
+    except (OSError, AttributeError):
+        return False
+    if launcher_pid and launcher_pid.isdigit() and os.getppid() != int(launcher_pid):
+        try:
+            os.kill(int(launcher_pid), 0)
+        except ProcessLookupError:  # it died between starting us and the call above
+            os.kill(os.getpid(), ORPHAN_SIGNAL)
+        except OSError:
+            pass
+    return True
+
+
 def install(rank_dir: str, cpu_at_start: float | None = None) -> None:
     """Install the hooks for this rank; idempotent, and silent on failure (the job comes first).
     ``cpu_at_start``: the process's CPU time when the bootstrap began (worker.json says what it cost)."""
     if _state:
         return
-    os.makedirs(rank_dir, exist_ok=True)
+    make_private_dir(Path(rank_dir))
     _state.update(
         pid=os.getpid(),
         rank_dir=rank_dir,
@@ -210,11 +310,20 @@ def install(rank_dir: str, cpu_at_start: float | None = None) -> None:
         previous_thread_excepthook=threading.excepthook,
     )
     os.environ.pop(ENV_RANK_DIR, None)
+    launcher_pid = os.environ.pop(ENV_LAUNCHER_PID, None)
     _drop_boot_path_from_env()
+    if launcher_pid is not None:  # started by our launcher (not a bootstrap installed by hand)
+        exit_with_launcher(launcher_pid)
 
+    if launcher_pid is not None:
+        guard_stream("stdout")
+        guard_stream("stderr")
     faulthandler.enable(file=sys.stderr, all_threads=True)
     _mask_streams()
-    stacks: IO[str] = open(os.path.join(rank_dir, STACKS_FILE), "a")  # noqa: SIM115 - kept open for life
+    stacks_path = os.path.join(rank_dir, STACKS_FILE)
+    # kept open for life; 0600 whatever the umask, as every file of the folder
+    stacks: IO[str] = open(os.open(stacks_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, PRIVATE_FILE_MODE), "a")  # noqa: SIM115
+    os.fchmod(stacks.fileno(), PRIVATE_FILE_MODE)
     _state["stacks_file"] = stacks
     faulthandler.register(DUMP_SIGNAL, file=stacks, all_threads=True, chain=False)
     sys.excepthook = _excepthook
