@@ -663,7 +663,7 @@ def read_attempt(
     its own ranks; the other nodes' agents write theirs into the same folder on a shared file system)."""
     from elastic_diag.core.evidence import AttemptEvidence
     from elastic_diag.core.taxonomy import load_taxonomy
-    from elastic_diag.core.values import as_count, as_int, as_seconds
+    from elastic_diag.core.values import as_count, as_seconds
 
     tax = taxonomy or load_taxonomy()
     problems: list[str] = []

@@ -171,7 +171,7 @@ def parse_record(rank: int, data: dict[str, Any]) -> RankRecord:
         )
     status: dict[str, tuple[int, int]] = {}
     pg_status = data.get("pg_status")
-    for pg, st in (pg_status.items() if isinstance(pg_status, dict) else ()):
+    for pg, st in pg_status.items() if isinstance(pg_status, dict) else ():
         if isinstance(st, dict):
             enqueued, completed = (_seq_of(st.get(k, -1)) for k in ("last_enqueued_collective",
                                                                     "last_completed_collective"))  # fmt: skip

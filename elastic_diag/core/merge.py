@@ -29,7 +29,7 @@ from elastic_diag.core.progress import Progress, kernel_from_json, nonfinite_fro
 from elastic_diag.core.schema_ids import NODE_RECORD_SCHEMA, NODE_VERDICT_SCHEMA
 from elastic_diag.core.stacks import parse_stack_dump
 from elastic_diag.core.stall import StallRecord, stall_from_json, stall_to_json
-from elastic_diag.core.values import as_count, as_int, as_seconds
+from elastic_diag.core.values import as_count, as_seconds
 from elastic_diag.core.verdict import Diagnosis, Role, as_role
 
 SCHEMA = NODE_RECORD_SCHEMA

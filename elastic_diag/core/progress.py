@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from elastic_diag.core.values import as_count, as_int, as_seconds, as_text
+from elastic_diag.core.values import as_count, as_seconds, as_text
 
 
 @dataclass(frozen=True, slots=True)

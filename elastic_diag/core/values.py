@@ -6,10 +6,8 @@ Also the name of the signal an exit status stands for. Pure: no torch, no I/O.
 
 from __future__ import annotations
 
-import math
 import signal
 from typing import Any
-
 
 # a time (epoch seconds) or a duration beyond this is junk: later than the year 2286, or three centuries long
 MAX_SECONDS = 1e10

@@ -68,9 +68,9 @@ from elastic_diag.offline.files import (
     SUMMARY_MARKS,
     WRAP_JOIN,
     LineFinder,
+    binary_kind,
     choose_prefilter,
     grep_batches,
-    binary_kind,
     iter_files,
     open_log,
     unwrap,
@@ -728,10 +728,15 @@ class Analyzer:
             with open(path, "rb") as fp:
                 start = max(0, line.offset - 256 * 1024)
                 fp.seek(start)
-                data = fp.read(line.offset - start + MAX_LINE).replace(b"\x00", b"\n")  # a hole: line breaks
+                data = fp.read(line.offset - start + MAX_LINE)
         except OSError:
             return []
+        hole = b"\x00" in data
+        if hole:
+            data = data.replace(b"\x00", b"\n")  # a crashed writer's hole: line breaks, as the read took them
         before = data[: line.offset - start].decode("utf-8", errors="replace").splitlines()
+        if hole:
+            before = [text for text in before if text]
         if start > 0 and before:
             before = before[1:]
         line_end = data.find(b"\n", line.offset - start)
