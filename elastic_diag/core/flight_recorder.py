@@ -156,8 +156,8 @@ def parse_record(rank: int, data: dict[str, Any]) -> RankRecord:
     for e in entries[-MAX_ENTRIES:]:
         if not isinstance(e, dict) or e.get("is_p2p"):
             continue
-        seq = e.get("collective_seq_id")
-        if as_int(seq) is None or seq <= 0:
+        seq = as_int(e.get("collective_seq_id"))
+        if seq is None or seq <= 0:
             continue
         t = as_int(e.get("time_created_ns"))
         groups.setdefault(_group_key(e), {})[seq] = Collective(

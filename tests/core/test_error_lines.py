@@ -270,8 +270,8 @@ def test_the_line_clock_finds_an_error_glued_after_a_long_progress_bar_and_after
     the error glued after it; an error after a crashed writer's NUL bytes is found too (parse_line reads past
     them)."""
     bar = "".join(f"\r 45%|####      | {i}/100000 [00:01<00:02, 1234.5it/s]" for i in range(2000))
-    for n, text in enumerate((bar + "[rank3]: RuntimeError: CUDA error: an illegal memory access was encountered\n",
-                              "\x00" * 9000 + "RuntimeError: CUDA error: an illegal memory access was encountered\n")):  # fmt: skip
+    error = "RuntimeError: CUDA error: an illegal memory access was encountered\n"
+    for n, text in enumerate((bar + "[rank3]: " + error, "\x00" * 9000 + error)):
         rank_dir = tmp_path / f"rank_{n}"
         rank_dir.mkdir()
         _append(rank_dir / "stderr.log", text)
