@@ -359,7 +359,10 @@ TAIL_BYTES = 64 * 1024
 STACK_BYTES = 256 * 1024
 FR_MAX_BYTES = 64 << 20  # a flight-recorder dump larger than this is neither written nor read
 PROGRESS_MAX_BYTES = 1 << 20
-FR_ERRORS = (ValueError, pickle.UnpicklingError, EOFError, TypeError, KeyError, IndexError)
+# what a garbled or hostile dump raises: RecursionError for nesting deeper than Python's stack (JSON or pickle),
+# OverflowError for an infinite or 400-digit number where an integer belongs, MemoryError for a pickle's huge size
+FR_ERRORS = (ValueError, pickle.UnpicklingError, EOFError, TypeError, KeyError, IndexError, AttributeError,
+             RecursionError, OverflowError, MemoryError)  # fmt: skip
 
 
 def read_tail_bytes(path: Path, max_lines: int, max_bytes: int = TAIL_BYTES) -> list[bytes]:
@@ -430,7 +433,7 @@ def read_json(path: Path, max_bytes: int | None = None) -> dict[str, Any] | None
         if max_bytes is not None and len(raw) > max_bytes:
             return None
         data = json.loads(raw.decode("utf-8", errors="replace"))
-    except (OSError, ValueError, RecursionError):  # RecursionError: nested deeper than the parser goes
+    except (OSError, ValueError, RecursionError):  # RecursionError: JSON nested deeper than Python's stack
         return None
     return data if isinstance(data, dict) else None
 
@@ -587,8 +590,13 @@ class AttemptRead:
 
 
 def _number(name: str, prefix: str) -> int | None:
+    """N of a folder named ``<prefix>N``; None for another name, or a number no rank or attempt has."""
+    from elastic_diag.core.values import MAX_RANK
+
     rest = name.removeprefix(prefix)
-    return int(rest) if name.startswith(prefix) and rest.isdigit() else None
+    if not name.startswith(prefix) or not rest.isascii() or not rest.isdigit() or len(rest) > 10:
+        return None
+    return int(rest) if int(rest) <= MAX_RANK else None
 
 
 def attempt_dirs(diag_dir: Path) -> list[Path]:
@@ -711,7 +719,7 @@ def _rank_evidence(
     from elastic_diag.core.exceptions import exception_from_json
     from elastic_diag.core.progress import Progress, kernel_from_json
     from elastic_diag.core.stacks import parse_stack_dump
-    from elastic_diag.core.values import as_int, as_seconds
+    from elastic_diag.core.values import as_count, as_int, as_seconds
 
     def num(key: str) -> float | None:
         return as_seconds(facts.get(key))
@@ -722,14 +730,14 @@ def _rank_evidence(
         stack = facts.get("stack")
         exc = facts.get("exception")
         return RankEvidence(
-            rank=rank, local_rank=as_int(facts.get("local_rank")) or 0, node=str(facts.get("node") or node),
-            pid=as_int(facts.get("pid")), exit_code=as_int(facts.get("exit_code")), exit_time=num("exit_time"),
+            rank=rank, local_rank=as_count(facts.get("local_rank")) or 0, node=str(facts.get("node") or node),
+            pid=as_count(facts.get("pid")), exit_code=as_int(facts.get("exit_code")), exit_time=num("exit_time"),
             start_time=num("start_time"), alive_at_decision=facts.get("alive_at_decision") is True,
             stopped_by_agent=facts.get("stopped_by_agent") is True, kernel=kernel_from_json(facts.get("kernel")),
             stderr_tail=tail, lines=tuple(_lines_of(tail, taxonomy, 0, REPORT_FILE)),
             stack=parse_stack_dump(stack) if isinstance(stack, str) and stack else None,
             exception=exception_from_json({**exc, "traceback": ""}) if isinstance(exc, dict) else None,
-            progress=Progress(progress_time=num("last_progress_time"), steps=as_int(facts.get("steps")))
+            progress=Progress(progress_time=num("last_progress_time"), steps=as_count(facts.get("steps")))
             if facts.get("steps") is not None or facts.get("last_progress_time") is not None
             else None,
         )  # fmt: skip
@@ -738,19 +746,19 @@ def _rank_evidence(
         problems.append(problem)
     worker = read_json(rank_dir / WORKER_FILE) or {}
     stack_text = ""
-    offset = as_int(facts.get("stack_offset"))
+    offset = as_count(facts.get("stack_offset"))
     if offset is not None:
         stack_text = read_stack_since(rank_dir, offset)
     elif isinstance(facts.get("stack"), str):  # an older version's report.json kept the stack itself
         stack_text = facts["stack"]
     stderr = read_tail(rank_dir / STDERR_FILE, tail_lines)
     stdout = read_tail(rank_dir / STDOUT_FILE, STDOUT_TAIL_LINES)
-    local = as_int(facts.get("local_rank"))
+    local = as_count(facts.get("local_rank"))
     return RankEvidence(
         rank=rank,
-        local_rank=local if local is not None else as_int(worker.get("local_rank")) or 0,
+        local_rank=local if local is not None else as_count(worker.get("local_rank")) or 0,
         node=str(facts.get("node") or node),
-        pid=as_int(facts.get("pid")) or as_int(worker.get("pid")),
+        pid=as_count(facts.get("pid")) or as_count(worker.get("pid")),
         exit_code=as_int(facts.get("exit_code")),
         exit_time=num("exit_time"),
         start_time=as_seconds(worker.get("start_time")),
@@ -787,7 +795,7 @@ def read_attempt(
     ``launcher_records``: the live agent's launcher.json records, for the ranks whose file a full disk refused."""
     from elastic_diag.core.evidence import AttemptEvidence
     from elastic_diag.core.taxonomy import load_taxonomy
-    from elastic_diag.core.values import as_int, as_seconds
+    from elastic_diag.core.values import as_count, as_seconds
 
     tax = taxonomy or load_taxonomy()
     problems: list[str] = []
@@ -802,7 +810,7 @@ def read_attempt(
     if only is not None:
         rank_facts = {r: f for r, f in rank_facts.items() if r in only}
     node = str(attempt_facts.get("node") or "")
-    lines = tail_lines or as_int(attempt_facts.get("tail_lines")) or DEFAULT_TAIL_LINES
+    lines = tail_lines or as_count(attempt_facts.get("tail_lines")) or DEFAULT_TAIL_LINES
     ranks = tuple(
         _rank_evidence(r, folders.get(r), rank_facts.get(r, {}), node, lines, tax, problems)
         for r in sorted(set(folders) | set(rank_facts))
@@ -814,7 +822,7 @@ def read_attempt(
                                                                                    ev.flight_record.groups)  # fmt: skip
     hang = attempt_facts.get("hang")
     evidence = AttemptEvidence(
-        attempt=as_int(attempt_facts.get("attempt")) or _number(attempt_dir.name, "attempt_") or 0,
+        attempt=as_count(attempt_facts.get("attempt")) or _number(attempt_dir.name, "attempt_") or 0,
         ranks=ranks,
         run_id=str(attempt_facts.get("run_id") or ""),
         source="live" if rank_facts else "logs",

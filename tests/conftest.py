@@ -2,8 +2,17 @@
 
 from __future__ import annotations
 
+import os
+
 import parity
 import pytest
+from hypothesis import settings
+
+# the property tests' budget: a fixed number of examples, so that the whole property suite (pytest -m hypothesis)
+# costs under 30 s on a 2-core machine; "thorough" for a longer hunt, by hand
+settings.register_profile("ci", max_examples=25, deadline=None, derandomize=False, print_blob=True)
+settings.register_profile("thorough", max_examples=2000, deadline=None)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:

@@ -126,6 +126,8 @@ class ErrorScanner:
             return
         if "\x1b" in raw:
             raw = _ANSI.sub("", raw)  # colour codes (FORCE_COLOR, a coloured logger)
+        if "\x00" in raw:  # a crashed writer's hole of NULs: what follows it is the line (before it is cut)
+            raw = next((seg for seg in reversed(raw.split("\x00")) if seg.strip()), "")
         parsed = parse_line(raw[:MAX_LINE], local_time=self.local_time)
         text = parsed.text.rstrip()
         if parsed.rank is not None and text.startswith(" "):

@@ -29,6 +29,8 @@ from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import Any
 
+from elastic_diag.core.values import as_int
+
 MAX_ENTRIES = 20_000
 
 
@@ -81,7 +83,9 @@ class Collective:
                 return None
             n = 1
             for d in dims:
-                n *= int(d) if isinstance(d, int) else 0
+                if as_int(d) is None or d < 0:
+                    return None  # a negative or 400-digit size is junk, not a size
+                n *= d
             total += n * _DTYPE_BYTES[name]
         return total
 
@@ -122,7 +126,8 @@ class _SafeUnpickler(pickle.Unpickler):
 
 
 def load_dump(raw: bytes) -> dict[str, Any]:
-    """One dump file's content as a dict (JSON, elastic_diag's wrapper, or a plain-data pickle)."""
+    """One dump file's content as a dict (JSON, elastic_diag's wrapper, or a plain-data pickle). A garbled or
+    hostile file raises one of ``layout.FR_ERRORS`` (RecursionError for nesting deeper than Python's stack)."""
     text = raw.lstrip()
     data = json.loads(raw) if text[:1] == b"{" else _SafeUnpickler(io.BytesIO(raw)).load()
     if not isinstance(data, dict):
@@ -151,32 +156,40 @@ def parse_record(rank: int, data: dict[str, Any]) -> RankRecord:
     for e in entries[-MAX_ENTRIES:]:
         if not isinstance(e, dict) or e.get("is_p2p"):
             continue
-        seq = e.get("collective_seq_id")
-        if not isinstance(seq, int) or seq <= 0:
+        seq = as_int(e.get("collective_seq_id"))
+        if seq is None or seq <= 0:
             continue
-        t = e.get("time_created_ns")
+        t = as_int(e.get("time_created_ns"))
         groups.setdefault(_group_key(e), {})[seq] = Collective(
             seq=seq,
             op=str(e.get("profiling_name") or "?").split(":")[-1],
             sizes=json.dumps(e.get("input_sizes"), separators=(",", ":")),
             dtypes=",".join(str(d) for d in e.get("input_dtypes") or []),
-            time_ns=t if isinstance(t, int) else None,
+            time_ns=t if t is not None and t >= 0 else None,
             out_sizes=json.dumps(e.get("output_sizes"), separators=(",", ":")),
             out_dtypes=",".join(str(d) for d in e.get("output_dtypes") or []),
         )
     status: dict[str, tuple[int, int]] = {}
-    for pg, st in (data.get("pg_status") or {}).items():
+    pg_status = data.get("pg_status")
+    for pg, st in pg_status.items() if isinstance(pg_status, dict) else ():
         if isinstance(st, dict):
-            try:
-                status[str(pg)] = (
-                    int(st.get("last_enqueued_collective", -1)),
-                    int(st.get("last_completed_collective", -1)),
-                )
-            except (TypeError, ValueError):
-                continue
+            enqueued, completed = (_seq_of(st.get(k, -1)) for k in ("last_enqueued_collective",
+                                                                    "last_completed_collective"))  # fmt: skip
+            if enqueued is not None and completed is not None:
+                status[str(pg)] = (enqueued, completed)
     reason = data.get("_reason")
     return RankRecord(rank=rank, groups=groups, status=status, version=str(data.get("version")),
                       reason=str(reason) if reason else None)  # fmt: skip
+
+
+def _seq_of(value: Any) -> int | None:
+    """A sequence number of ``pg_status`` (torch writes ints; -1 for none), also as a string or a float; None for
+    junk (infinite, NaN, 400 digits, a list)."""
+    if isinstance(value, str) and value.lstrip("-").isdigit() and len(value) <= 19:
+        return int(value)
+    if isinstance(value, float) and value.is_integer() and abs(value) < 2**63:
+        return int(value)
+    return as_int(value)
 
 
 def _join(ranks: list[int] | tuple[int, ...]) -> str:

@@ -25,10 +25,13 @@ from pathlib import PurePath
 
 from elastic_diag.core.evidence import FingerprintReport, LogLine, WatchdogTimeout
 from elastic_diag.core.taxonomy import Signature, Taxonomy
-from elastic_diag.core.values import signal_name
+from elastic_diag.core.values import MAX_RANK, signal_name
 
+# a run of more digits than any fact a log line tells (a 64-bit number has 19; ns timestamps 19): junk, shown as
+# "<N digits>" so that no parser turns it into a number (Python refuses int() of 4,300 digits or more)
+_LONG_DIGITS = re.compile(r"\d{21,}")
 _HOST = re.compile(r"^(?P<host>[a-z0-9][a-z0-9.-]*\d[a-z0-9.-]*): ")
-_RANK = re.compile(r"^\[(?P<kind>rank|default|[A-Za-z_]+?)(?P<rank>\d+)\]:")
+_RANK = re.compile(r"^\[(?P<kind>rank|default|[A-Za-z_]+?)(?P<rank>\d+|<\d+ digits>)\]:")
 # glog of torch's C++: "E1026 04:01:29.444000 139 file.cpp:616] " (pid optional: newer torch writes
 # "[E1213 17:24:49.082246429 file.cpp:2573] "), and the old "[E file.cpp:737] " without a date.
 _GLOG = re.compile(
@@ -76,11 +79,17 @@ def parse_line(line: str, *, local_time: bool = False) -> ParsedLine:
     """The line's origin (rank, host, pid, time) and its message without the prefixes that told them.
 
     Colour codes are removed first; of a line a progress bar rewrote with ``\\r``, the last frame is
-    read (what the terminal showed); a rank prefix glued after other output (a tqdm frame without a
+    read (what the terminal showed), and of a line with NUL bytes (a crashed writer's hole) what follows them;
+    a run of more than 20 digits (junk) becomes ``<N digits>``, and a rank prefix no process can have is
+    dropped without giving a rank; a rank prefix glued after other output (a tqdm frame without a
     newline: ``...27.1it/s][rank4]:[E524 ...] Watchdog ...``) still gives the line its rank. A timestamp
     with no zone is UTC, or this machine's zone with ``local_time`` (the live agent reads lines its own
     ranks wrote a moment ago)."""
     text = line.rstrip("\r\n")
+    if "\x00" in text:  # a hole a crashed writer left (NUL bytes): the text after it is a line of its own
+        text = next((seg for seg in reversed(text.split("\x00")) if seg.strip()), "")
+    if _LONG_DIGITS.search(text):
+        text = _LONG_DIGITS.sub(lambda m: f"<{len(m[0])} digits>", text)
     if "\x1b" in text:
         text = _ANSI.sub("", text)
     if "\r" in text:
@@ -109,6 +118,9 @@ def _parse_prefixes(text: str, local_time: bool) -> ParsedLine:
         m = _RANK.match(text)
         if m:
             is_local = m["kind"] != "rank"
+            if not m["rank"].isdigit() or int(m["rank"]) > MAX_RANK:  # no process has that rank: junk, not a rank
+                text = text[m.end() :]
+                continue
             if rank is None or (local and not is_local):  # [default2]:[rank2]: -> the global [rankN] wins
                 rank, local = int(m["rank"]), is_local
             text = text[m.end() :]
@@ -191,7 +203,7 @@ def rank_from_path(path: str | PurePath) -> int | None:
         if m:
             value = m.groupdict().get("rank") or m.groupdict().get("r2")
             if value is not None:
-                return int(value)
+                return int(value) if len(value) <= 10 and int(value) <= MAX_RANK else None
     return None
 
 

@@ -29,7 +29,7 @@ from elastic_diag.core.progress import Progress, kernel_from_json, nonfinite_fro
 from elastic_diag.core.schema_ids import NODE_RECORD_SCHEMA, NODE_VERDICT_SCHEMA
 from elastic_diag.core.stacks import parse_stack_dump
 from elastic_diag.core.stall import StallRecord, stall_from_json, stall_to_json
-from elastic_diag.core.values import as_int, as_seconds
+from elastic_diag.core.values import as_count, as_seconds
 from elastic_diag.core.verdict import Diagnosis, Role, as_role
 
 SCHEMA = NODE_RECORD_SCHEMA
@@ -127,8 +127,8 @@ def parse_record(raw: bytes | str) -> dict[str, Any]:
     """A record, or ValueError naming what is wrong (garbled, another schema)."""
     try:
         data = json.loads(raw)
-    except (ValueError, UnicodeDecodeError) as e:
-        raise ValueError(f"garbled record ({e})") from e
+    except (ValueError, RecursionError) as e:  # RecursionError: nested deeper than Python's stack
+        raise ValueError(f"garbled record ({str(e)[:200]})") from e
     if not isinstance(data, dict):
         raise ValueError("garbled record (not an object)")
     schema = data.get("schema")
@@ -180,7 +180,7 @@ def _rank_evidence(node: str, r: dict[str, Any]) -> RankEvidence:
         exit_code=r.get("exit_code"),
         exit_time=r.get("exit_time"),
         start_time=as_seconds(r.get("start_time")),
-        progress=Progress(progress_time=as_seconds(r.get("progress_time")), steps=as_int(r.get("steps")))
+        progress=Progress(progress_time=as_seconds(r.get("progress_time")), steps=as_count(r.get("steps")))
         if r.get("progress_time") is not None or r.get("steps") is not None
         else None,
         alive_at_decision=bool(r.get("alive_at_decision")),

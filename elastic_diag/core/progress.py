@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from elastic_diag.core.values import as_int, as_seconds, as_text
+from elastic_diag.core.values import as_count, as_seconds, as_text
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,14 +111,14 @@ def progress_from_json(data: Any) -> Progress | None:
     durations = data.get("step_durations")
     return Progress(
         time=as_seconds(data.get("time")),
-        pid=as_int(data.get("pid")),
-        steps=as_int(data.get("steps")),
+        pid=as_count(data.get("pid")),
+        steps=as_count(data.get("steps")),
         progress_time=as_seconds(data.get("progress_time")),
         step_durations=tuple(float(d) for d in durations if as_seconds(d) is not None)
         if isinstance(durations, list)
         else (),
-        backward=as_int(data.get("backward")),
-        heartbeats=as_int(data.get("heartbeats")),
+        backward=as_count(data.get("backward")),
+        heartbeats=as_count(data.get("heartbeats")),
         watch=_watch(data.get("watch")),
         groups=_groups(data.get("pg_status")),
         exiting=data.get("exiting") is True,
@@ -142,9 +142,9 @@ class NonFinite:
 
 
 def nonfinite_from_json(data: Any) -> NonFinite | None:
-    if not isinstance(data, dict) or as_int(data.get("backward")) is None:
+    if not isinstance(data, dict) or as_count(data.get("backward")) is None:
         return None
-    return NonFinite(backward=data["backward"], step=as_int(data.get("step")), time=as_seconds(data.get("time")),
+    return NonFinite(backward=data["backward"], step=as_count(data.get("step")), time=as_seconds(data.get("time")),
                      where=as_text(data.get("where"), 2000), what=as_text(data.get("what"), 100) or "loss")  # fmt: skip
 
 

@@ -68,9 +68,9 @@ from elastic_diag.offline.files import (
     SUMMARY_MARKS,
     WRAP_JOIN,
     LineFinder,
+    binary_kind,
     choose_prefilter,
     grep_batches,
-    is_binary,
     iter_files,
     open_log,
     unwrap,
@@ -223,8 +223,8 @@ class Analyzer:
             try:
                 with open(f, "rb") as fp:
                     head = fp.read(8192)
-                    if is_binary(head) or wrap_width(head):
-                        continue  # a hard-wrapped log is unwrapped by the Python reader
+                    if b"\x00" in head or binary_kind(head) or wrap_width(head):
+                        continue  # a hard-wrapped log is unwrapped by the Python reader, a NUL hole skipped by it
             except OSError:
                 continue
             eligible.append(f)
@@ -243,8 +243,9 @@ class Analyzer:
                 hits.setdefault(os.fsdecode(name), []).append((int(where), line))
         for f in batch:
             lines = hits.get(str(f), [])
-            if any(mark in line for _, line in lines for mark in SUMMARY_MARKS):
-                continue  # torchrun's summary needs every line after it: the Python path
+            if any(len(line) > MAX_LINE or any(m in line for m in (*SUMMARY_MARKS, b"\x00")) for _, line in lines):
+                continue  # torchrun's summary needs every line after it; a NUL hole is a line break, and a line over
+                # MAX_LINE is read frame by frame: the Python path
             idx = len(self.facts.files)
             self.facts.files.append(str(f))
             file_rank = rank_from_path(f)
@@ -304,8 +305,9 @@ class Analyzer:
             return
         with open_log(path) as fp:
             head = fp.read(8192)
-            if is_binary(head):
-                self.facts.skipped.append(f"{path}: binary file, skipped")
+            kind = binary_kind(head)
+            if kind is not None:
+                self.facts.skipped.append(f"{path}: not a log ({kind}), skipped")
                 return
             fp.seek(0)
             idx = len(self.facts.files)
@@ -366,9 +368,15 @@ class Analyzer:
         if path.name.endswith(GZIP_SUFFIX):  # a compression bomb, or a log of one line repeated: read a bounded part
             limit = max(GZIP_MIN_LIMIT, GZIP_RATIO_LIMIT * path.stat().st_size)
             read = _bounded(fp.read, limit, lambda: self._cut_short(path, limit))
+        holes = [0]
+        read = _holes_as_breaks(read, holes)
         for chunk, base in chunks_of(read, self._wrap):
             on_chunk(chunk, base, idx, file_rank)
             tail = chunk[-TAIL_BYTES:] if len(chunk) >= TAIL_BYTES else (tail + chunk)[-TAIL_BYTES:]
+        note = (f"{path}: {holes[0]} NUL bytes (a hole a crashed writer or a sparse file leaves) skipped; the text "
+                "around them was read")  # fmt: skip
+        if holes[0] and note not in self.facts.skipped:
+            self.facts.skipped.append(note)
         return tail
 
     def _cut_short(self, path: Path, limit: int) -> None:
@@ -402,11 +410,25 @@ class Analyzer:
             return
         for start in starts:
             end = chunk.find(b"\n", start)
-            line_bytes = chunk[start : min(len(chunk) if end < 0 else end, start + MAX_LINE)]
+            end = len(chunk) if end < 0 else end
+            if end - start > MAX_LINE and chunk.find(b"\r", start, end) >= 0:
+                self._long_line(chunk[start:end], base + start, idx, file_rank)
+                continue
+            line_bytes = chunk[start : min(end, start + MAX_LINE)]
             self._candidate(line_bytes, base + start, idx, file_rank, self._key(line_bytes, file_rank))
         # most lines hold an anchor (a retry loop, progress bars logged a frame a line): the next chunks are
         # read line by line, each line's key looked up before its anchors
         self._dense = len(starts) >= _DENSE_LINES and 2 * len(starts) > chunk.count(b"\n")
+
+    def _long_line(self, line_bytes: bytes, offset: int, idx: int, file_rank: int | None) -> None:
+        """A line longer than :data:`MAX_LINE` that ``\\r`` cuts into frames (a progress bar redrawn for hours
+        without a newline, then a rank's error glued after it): each frame is a line to a terminal, so each one
+        holding an anchor is read as a line of its own (the anchors found in one pass, as in a chunk)."""
+        frames = line_bytes.replace(b"\r", b"\n") + b"\n"
+        for start in self.find_lines(frames)[0]:
+            end = frames.find(b"\n", start)
+            frame = line_bytes[start : min(end, start + MAX_LINE)]
+            self._candidate(frame, offset + start, idx, file_rank, self._key(frame, file_rank))
 
     def _key(self, line_bytes: bytes, file_rank: int | None) -> tuple[int | None, bytes, bytes] | None:
         """:func:`line_key`; None while a state of the read makes each line count (a spawned process's
@@ -474,6 +496,10 @@ class Analyzer:
             start = offset
             offset += len(line_bytes) + 1
             if len(line_bytes) > MAX_LINE:
+                if b"\r" in line_bytes:
+                    self._long_line(line_bytes, start, idx, file_rank)
+                    free = self._keyed
+                    continue
                 line_bytes = line_bytes[:MAX_LINE]
             key = None
             if free:
@@ -705,7 +731,12 @@ class Analyzer:
                 data = fp.read(line.offset - start + MAX_LINE)
         except OSError:
             return []
+        hole = b"\x00" in data
+        if hole:
+            data = data.replace(b"\x00", b"\n")  # a crashed writer's hole: line breaks, as the read took them
         before = data[: line.offset - start].decode("utf-8", errors="replace").splitlines()
+        if hole:
+            before = [text for text in before if text]
         if start > 0 and before:
             before = before[1:]
         line_end = data.find(b"\n", line.offset - start)
@@ -787,6 +818,20 @@ def _bounded(read: Callable[[int], bytes], limit: int, on_cut: Callable[[], None
         return data
 
     return bounded
+
+
+def _holes_as_breaks(read: Callable[[int], bytes], holes: list[int]) -> Callable[[int], bytes]:
+    """``read`` with every NUL byte made a newline (a crashed writer's hole, a sparse file's: the text after it
+    starts a line; each offset stays the file's own), counted in ``holes[0]``."""
+
+    def read_text(n: int) -> bytes:
+        data = read(n)
+        if b"\x00" in data:  # memchr: nothing to pay for a file without NULs
+            holes[0] += data.count(b"\x00")
+            data = data.replace(b"\x00", b"\n")
+        return data
+
+    return read_text
 
 
 def chunks_of(read: Callable[[int], bytes], wrap: int | None) -> Iterator[tuple[bytes, int]]:

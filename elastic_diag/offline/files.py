@@ -34,7 +34,7 @@ NOT_FOLLOWED_BY = {b"rror": b"_="}
 # Lines that only map a pid or a local rank to a global rank: read in a second pass, and only when
 # some error line needs such a mapping (raw NCCL lines, kernel OOM lines, DeepSpeed exits).
 MAPPING_ANCHORS = (b"pid", b"nranks", b"nRanks", b"rank_mapping", b"closing signal")
-_CONTROL_BYTES = bytes(b for b in range(32) if b not in (9, 10, 13, 27)) + b"\x7f"
+_CONTROL_BYTES = bytes(b for b in range(1, 32) if b not in (9, 10, 13, 27)) + b"\x7f"
 
 
 def ere_escape(text: str) -> str:
@@ -167,13 +167,28 @@ def iter_files(paths: Iterable[str | Path], skipped: list[str]) -> Iterator[Path
                 yield f
 
 
-def is_binary(head: bytes) -> bool:
-    """Mostly non-text: a core dump, a pickle. A log with some NUL bytes or junk is still read."""
-    if not head:
-        return False
-    controls = len(head) - len(head.translate(None, _CONTROL_BYTES))
-    invalid = head.decode("utf-8", errors="replace").count("\ufffd")
-    return (controls + invalid) / len(head) > 0.3
+# files that are not logs, by their first bytes (their NUL bytes would otherwise be read as a crashed writer's hole)
+_MAGIC = ((b"\x7fELF", "an ELF executable, library or core dump"), (b"\x89PNG", "a PNG image"),
+          (b"\xff\xd8\xff", "a JPEG image"), (b"PK\x03\x04", "a zip archive (a torch checkpoint is one)"),
+          (b"\x80\x02", "a pickle"), (b"\x80\x03", "a pickle"), (b"\x80\x04", "a pickle"), (b"\x80\x05", "a pickle"),
+          (b"\x93NUMPY", "a NumPy array"), (b"\x89HDF", "an HDF5 file"), (b"SQLite format 3\x00", "an SQLite database"),
+          (b":W&B", "a Weights & Biases run file"), (b"\x1f\x8b", "gzip data"), (b"\x28\xb5\x2f\xfd", "zstd data"),
+          (b"\xfd7zXZ", "xz data"), (b"BZh", "bzip2 data"))  # fmt: skip
+
+
+def binary_kind(head: bytes) -> str | None:
+    """Why a file whose first bytes are ``head`` is not a log (its format, or "binary"), None for a log. NUL
+    bytes do not count: a log that a crashed writer or a sparse file left with a hole of NULs (at its start, or
+    all of its first 8 KB) is still read, the text after the hole included; a log with some junk is read too."""
+    for magic, kind in _MAGIC:
+        if head.startswith(magic):
+            return kind
+    text = head.replace(b"\x00", b"")
+    if not text:
+        return None
+    controls = len(text) - len(text.translate(None, _CONTROL_BYTES))
+    invalid = text.decode("utf-8", errors="replace").count("\ufffd")
+    return "binary" if (controls + invalid) / len(text) > 0.3 else None
 
 
 def grep_batches(files: list[Path], progress: Callable[[str], None]) -> Iterator[tuple[list[Path], bytes]]:

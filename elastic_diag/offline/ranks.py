@@ -11,13 +11,16 @@ import re
 from typing import Any
 
 from elastic_diag.core.log_lines import message_rank, parse_deepspeed_mapping
+from elastic_diag.core.values import MAX_RANK
 from elastic_diag.offline.files import CHUNK
 from elastic_diag.offline.records import LogRead
 
-_RANK_PREFIX = re.compile(rb"^(?:([a-z0-9][a-z0-9.-]*\d[a-z0-9.-]*): )?\[(rank|default)(\d+)\]:", re.M)
-_LINE_RANK_PREFIX = re.compile(rb"\n\[(rank|default)(\d+)\]:")
-_BOTH_PREFIXES = re.compile(rb"^(?:([a-z0-9][a-z0-9.-]*\d[a-z0-9.-]*): )?\[default(\d+)\]:\[rank(\d+)\]:", re.M)
-_SUMMARY_RANK = re.compile(rb"rank\s+: (\d+) \(local_rank: (\d+)\)")
+# a rank is a C int: at most 10 digits (a longer number is junk and matches none of these)
+_RANK_PREFIX = re.compile(rb"^(?:([a-z0-9][a-z0-9.-]*\d[a-z0-9.-]*): )?\[(rank|default)(\d{1,10})\]:", re.M)
+_LINE_RANK_PREFIX = re.compile(rb"\n\[(rank|default)(\d{1,10})\]:")
+_BOTH_PREFIXES = re.compile(rb"^(?:([a-z0-9][a-z0-9.-]*\d[a-z0-9.-]*): )?\[default(\d{1,10})\]:\[rank(\d{1,10})\]:",
+                            re.M)  # fmt: skip
+_SUMMARY_RANK = re.compile(rb"rank\s+: (\d{1,10}) \(local_rank: (\d{1,10})\)")
 _CLOSING = re.compile(r"Sending process (\d+) closing signal")
 _NCCL_RANK = re.compile(r"NCCL INFO .*?\brank (\d+) n[Rr]anks \d+")
 _PID = re.compile(r"\bpid[=: ]\s?(\d{2,})\b")
@@ -72,7 +75,8 @@ class RankResolver:
         for host_bytes, kind, number in found:
             host = host_bytes.decode(errors="replace") if host_bytes else None
             offset = self.local_offsets.get(host, self.local_offsets.get(None, 0)) if kind == b"default" else 0
-            self.facts.rank(int(number) + offset).printed += 1
+            if 0 <= int(number) + offset <= MAX_RANK:
+                self.facts.rank(int(number) + offset).printed += 1
 
     def global_rank(self, parsed: Any) -> int | None:
         if parsed.rank is None or not parsed.local:
@@ -85,7 +89,8 @@ class RankResolver:
         rank = self.global_rank(parsed)
         if rank is None:
             rank = file_rank
-        return rank if rank is not None else message_rank(text)
+        rank = rank if rank is not None else message_rank(text)
+        return rank if rank is None or 0 <= rank <= MAX_RANK else None  # junk (a local offset gone wrong): no rank
 
     def record_mappings(self, parsed: Any, text: str, rank: int | None) -> None:
         """What a line tells about which process is which rank (both passes use it)."""

@@ -21,6 +21,7 @@ from elastic_diag.core.evidence import AttemptEvidence, LauncherExit, LogLine, R
 from elastic_diag.core.exceptions import ExceptionRecord
 from elastic_diag.core.log_lines import EXC_LINE, SummaryFailure
 from elastic_diag.core.schema_ids import ANALYSIS_SCHEMA
+from elastic_diag.core.values import MAX_RANK
 from elastic_diag.core.verdict import Diagnosis
 from elastic_diag.core.verification import render_diagnosis
 
@@ -83,6 +84,10 @@ class LogRead:
     table_ranks: dict[int, int] = field(default_factory=dict)  # torchrun's table rows: local rank -> global rank
 
     def rank(self, r: int) -> RankLines:
+        """Rank ``r``'s part of the read; a number no rank can have (junk a line's digits gave) is kept apart,
+        never made a rank of the job (its lines still count as failures seen: ``failure_lines``)."""
+        if not 0 <= r <= MAX_RANK:
+            return RankLines(rank=r)
         if r not in self.ranks:
             self.ranks[r] = RankLines(rank=r)
         return self.ranks[r]
@@ -117,6 +122,7 @@ class LogRead:
                                rank=self.table_ranks.get(local))
                   for code, local, pid in self.failed_lines]  # fmt: skip
         exits += [LauncherExit(exit_code=0, launcher="torchrun-diag", text=text) for text in self.all_exited_ok[-1:]]
+        exits = [e if e.rank is None or 0 <= e.rank <= MAX_RANK else replace(e, rank=None) for e in exits]
         for e in exits:
             if e.rank is not None:
                 self.rank(e.rank)

@@ -37,13 +37,15 @@ def salvage_object(text: str) -> tuple[dict[str, Any], str | None]:
             i = _skip_ws(text, i + 1)
             try:
                 value, i = decoder.raw_decode(text, i)
+            except RecursionError:
+                return out, f"{key!r} is nested deeper than this reader follows"
             except ValueError:
                 if i < len(text) and text[i] == "[":
                     out[key] = _salvage_list(text, i + 1)
                     return out, f"cut short inside {key!r} (kept its first {len(out[key])} entries)"
                 return out, f"cut short inside {key!r}"
             out[key] = value
-        except ValueError as e:
+        except (ValueError, RecursionError) as e:  # RecursionError: nested deeper than Python's stack
             return out, f"cut short ({e.__class__.__name__} at character {i})"
         i = _skip_ws(text, i)
         if i < len(text) and text[i] == ",":
@@ -61,7 +63,7 @@ def _salvage_list(text: str, i: int) -> list[Any]:
         i = _skip_ws(text, i)
         try:
             value, i = decoder.raw_decode(text, i)
-        except ValueError:
+        except (ValueError, RecursionError):
             return items
         items.append(value)
         i = _skip_ws(text, i)

@@ -263,3 +263,19 @@ def test_a_native_line_before_the_traceback_it_caused_is_the_first_error():
     for i, line in enumerate(lines):
         scanner.feed(line, float(i))
     assert (settled := scanner.settled(100.0)) is not None and settled.text == lines[0]
+
+
+def test_the_line_clock_finds_an_error_glued_after_a_long_progress_bar_and_after_a_nul_hole(tmp_path):
+    """Issue 30: the tailer splits at \\r (each frame a line), so a bar of 100 KB without a newline does not hide
+    the error glued after it; an error after a crashed writer's NUL bytes is found too (parse_line reads past
+    them)."""
+    bar = "".join(f"\r 45%|####      | {i}/100000 [00:01<00:02, 1234.5it/s]" for i in range(2000))
+    error = "RuntimeError: CUDA error: an illegal memory access was encountered\n"
+    for n, text in enumerate((bar + "[rank3]: " + error, "\x00" * 9000 + error)):
+        rank_dir = tmp_path / f"rank_{n}"
+        rank_dir.mkdir()
+        _append(rank_dir / "stderr.log", text)
+        tailer = StreamTailer({n: rank_dir})
+        tailer.poll(final=True)
+        found = tailer.first_error(n)
+        assert found is not None and found.text.startswith("RuntimeError: CUDA error"), (n, found)

@@ -35,6 +35,70 @@ def test_analyze_never_raises_on_arbitrary_bytes(tmp_path_factory, data):
     json.dumps(a.to_json())
 
 
+_CUDA = b"RuntimeError: CUDA error: an illegal memory access was encountered"
+
+
+@pytest.mark.parametrize("prefilter", PREFILTERS)
+def test_a_log_behind_a_hole_of_nul_bytes_is_read_and_the_hole_is_noted(tmp_path, monkeypatch, prefilter):
+    """Issue 30: a crashed writer or a sparse file leaves NUL bytes (8 KB and more at the start, or mid-file):
+    the text after them is read, never "skipped as binary" (a failed job called healthy), and the note says
+    what was skipped. A real binary file is still skipped, with its kind."""
+    monkeypatch.setenv("ELASTIC_DIAG_PREFILTER", prefilter)
+    (tmp_path / "rank_3.log").write_bytes(
+        b"\0" * 16384 + b"[rank3]: Traceback (most recent call last):\n"
+        b'[rank3]:   File "train.py", line 9, in step\n[rank3]: ' + _CUDA + b"\n"
+    )
+    (tmp_path / "rank_0.log").write_bytes(b"step 1\n" + b"\0" * 5000 + b"step 2\n")
+    a = analyze_paths([tmp_path])
+    assert (a.diagnosis.initiating_rank, a.diagnosis.failure_class) == (3, "cuda_error"), format_analysis(a)
+    notes = [s for s in a.skipped if "NUL bytes" in s]
+    assert any("rank_3.log: 16384 NUL bytes" in s for s in notes) and any("rank_0.log: 5000" in s for s in notes)
+
+
+def test_a_real_binary_file_is_still_skipped_with_its_kind(tmp_path):
+    files = {"core": b"\x7fELF\x02\x01\x01" + b"\0" * 9000, "plot.png": b"\x89PNG\r\n\x1a\n" + b"\0" * 9000,
+             "model.pt": b"PK\x03\x04" + b"\0" * 9000, "blob.bin": bytes(range(1, 256)) * 40}  # fmt: skip
+    for name, data in files.items():
+        (tmp_path / name).write_bytes(data + b"\n" + _CUDA + b"\n")
+    a = analyze_paths([tmp_path])
+    assert a.files == [] and a.diagnosis.failure_class != "cuda_error"
+    assert sorted(s.split(": ", 1)[1] for s in a.skipped) == [
+        "not a log (a PNG image), skipped", "not a log (a zip archive (a torch checkpoint is one)), skipped",
+        "not a log (an ELF executable, library or core dump), skipped", "not a log (binary), skipped",
+    ]  # fmt: skip
+
+
+@pytest.mark.parametrize("prefilter", PREFILTERS)
+@pytest.mark.parametrize("glue", [b"", b"\r"])
+def test_a_culprit_after_a_progress_bar_longer_than_a_line_is_found(tmp_path, monkeypatch, prefilter, glue):
+    """Issue 30: one physical line of 100 KB of \\r-separated bar frames, then rank 3's error (glued to the last
+    frame, or after a \\r): each frame is a line to a terminal, so the error is not cut off with the line."""
+    monkeypatch.setenv("ELASTIC_DIAG_PREFILTER", prefilter)
+    bar = b"".join(b"\r 45%%|####      | %d/100000 [00:01<00:02, 1234.5it/s]" % i for i in range(2000))
+    assert len(bar) > 64 * 1024
+    (tmp_path / "console.log").write_bytes(b"[rank0]: step 1\n" + bar + glue + b"[rank3]: " + _CUDA + b"\n")
+    a = analyze_paths([tmp_path / "console.log"])
+    assert (a.diagnosis.initiating_rank, a.diagnosis.failure_class) == (3, "cuda_error"), format_analysis(a)
+
+
+def test_junk_numbers_in_a_log_give_a_verdict_and_name_no_rank(tmp_path):
+    """Issue 30: a rank prefix of 5,000 digits (Python refuses int() of that), a rank no C int holds, an exit
+    code and a SeqNum of thousands of digits: no traceback, the failure is seen, and no rank comes from junk."""
+    junk = "7" * 5000
+    (tmp_path / "console.log").write_text(
+        f"[rank{junk}]: RuntimeError: boom\n[rank99999999999]: Traceback (most recent call last):\n"
+        f"Rank 99999999999 crashed with exit code 1\n  rank      : {junk} (local_rank: {junk})\n"
+        f"[rank1]: [Rank {junk}] Watchdog caught collective operation timeout: WorkNCCL(SeqNum={junk}, OpType=X)\n"
+        f"failed (exitcode: {junk}) local_rank: {junk} (pid: {junk}) of binary\n"
+    )
+    (tmp_path / f"rank_{'9' * 200}.log").write_text("RuntimeError: boom\n")
+    a = analyze_paths([tmp_path])
+    assert a.failure_seen and a.diagnosis.failure_class != "healthy"
+    assert all(0 <= ev.rank <= 1 for ev in a.evidence.ranks), [ev.rank for ev in a.evidence.ranks]
+    assert a.diagnosis.initiating_rank in (None, 1)
+    json.dumps(a.to_json())
+
+
 # --- attribution on the logs of real runs -----------------------------------------------------------
 
 
