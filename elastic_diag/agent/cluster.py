@@ -86,7 +86,7 @@ class StoreExchange:
         for g, raw in self.gather({g: f"hello/{g}" for g in range(world)}, timeout_s).items():
             try:
                 out[g] = json.loads(raw)
-            except ValueError:
+            except (ValueError, RecursionError):  # a record that is not ours: that node is unheard
                 continue
         return out
 
@@ -146,7 +146,7 @@ class StoreExchange:
                 try:
                     verdict = json.loads(got[0])
                     roles = json.loads(got[1])
-                except ValueError:
+                except (ValueError, RecursionError):
                     return None
                 if not isinstance(verdict, dict) or verdict.get("schema") != VERDICT_SCHEMA:
                     return None
