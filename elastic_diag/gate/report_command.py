@@ -393,13 +393,13 @@ def _python_refusal(args: Sequence[str]) -> str | None:
 
 @lru_cache(maxsize=1)
 def own_python_checks() -> frozenset[str]:
-    """The code of every ``python -c`` elastic_diag writes: the taxonomy's verification templates and the
-    restart gate's built-in controls (gate/controls.py)."""
+    """The code of every ``python -c`` elastic_diag writes into a report: the taxonomy's verification
+    templates. (The restart gate's controls, gate/controls.py, run in the gate and are never written as a
+    command: a report holding one is not elastic_diag's.)"""
     from elastic_diag.core.taxonomy import load_taxonomy
     from elastic_diag.core.verification import PLACEHOLDER
-    from elastic_diag.gate import controls
 
-    found = {controls._COLLECTIVE_SCRIPT, controls._CHECKPOINT_SCRIPT}  # noqa: SLF001 (the gate's own scripts)
+    found: set[str] = set()
     for sig in load_taxonomy():
         words = [w for kind, w in _Lexer(PLACEHOLDER.sub("x", sig.verify)).run().tokens if kind == "word"]
         found.update(words[i + 1] for i, w in enumerate(words[:-1]) if w == "-c")

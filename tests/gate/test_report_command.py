@@ -92,8 +92,8 @@ def test_every_command_elastic_diag_writes_is_on_the_allow_list(tmp_path, monkey
             assert command.cwd == facts.cwd and command.steps
             checked += 1
     assert checked >= 5 * 60
-    for script in (controls._COLLECTIVE_SCRIPT, controls._CHECKPOINT_SCRIPT):  # the gate's own controls
-        assert read_command(shlex.join([sys.executable, "-c", script, "/ckpt/x.pt"])).allowed
+    for script in (controls._COLLECTIVE_SCRIPT, controls._CHECKPOINT_SCRIPT):  # run by the gate, never written
+        assert not read_command(shlex.join([sys.executable, "-c", script, "/ckpt/x.pt"])).allowed
 
 
 def test_the_relaunch_is_split_into_the_words_it_was_joined_from(tmp_path, monkeypatch):
