@@ -3,7 +3,8 @@
 Subcommands: ``run`` (the same as ``torchrun-diag``), ``analyze PATH...`` (offline, no torch),
 ``report DIR`` (render report.html), ``verify DIR`` (show the report's verification command and where it
 comes from, ask, run it if it is on the allow-list, record the outcome: gate/report_command.py),
-``signatures`` (list the taxonomy), ``explain ID`` (one signature as a page).
+``signatures`` (list the taxonomy), ``explain ID`` (one signature as a page), ``exec -- COMMAND`` (one rank
+started by srun / mpirun under a watch: launch/exec_watch.py).
 ``main(argv) -> parse -> subcommand``; only ``main`` touches the exit status.
 """
 
@@ -182,6 +183,17 @@ def _cmd_verify(args: argparse.Namespace) -> int:
     return EXIT_OK if record["passed"] else EXIT_FAILED
 
 
+def _cmd_exec(args: argparse.Namespace) -> int:
+    from elastic_diag.launch.exec_watch import run_exec
+
+    command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    if not 0 <= args.diag_grace <= 3600:
+        print(f"elastic-diag: error: --diag-grace {args.diag_grace:g}: must be between 0 and 3600 seconds",
+              file=sys.stderr)  # fmt: skip
+        return EXIT_USAGE
+    return run_exec(command, diag_dir=args.diag_dir, grace_s=args.diag_grace)
+
+
 def _yes_on_terminal() -> bool:
     """Ask on the terminal whether to run it; with no terminal to ask, say how to say yes. True: run."""
     if not sys.stdin.isatty():
@@ -234,6 +246,19 @@ def get_parser() -> argparse.ArgumentParser:
         help="run a command that is not on the allow-list of diagnostic programs (still no shell)",
     )
     verify.set_defaults(func=_cmd_verify)
+    run_one = sub.add_parser(
+        "exec",
+        help="run one rank (started by srun, mpirun, a wrapper) under a watch: its evidence and the verdict",
+        usage="elastic-diag exec [--diag-dir DIR] [--diag-grace S] -- COMMAND ...",
+    )
+    run_one.add_argument("--diag-dir", metavar="DIR",
+                         help="the folder every rank writes into (default: $ELASTIC_DIAG_DIR, else one named by "
+                         "the job: Slurm's job and step, Open MPI's job id)")  # fmt: skip
+    run_one.add_argument("--diag-grace", type=float, default=5.0, metavar="S",
+                         help="after its rank failed, seconds the watch waits for the other ranks' evidence "
+                         "before judging (default 5)")  # fmt: skip
+    run_one.add_argument("command", nargs=argparse.REMAINDER, help="the rank's command, after --")
+    run_one.set_defaults(func=_cmd_exec)
     explain = sub.add_parser("explain", help="explain one failure signature")
     explain.add_argument("signature_id")
     explain.set_defaults(func=_cmd_explain)

@@ -14,7 +14,9 @@ import shutil
 import signal
 import socket
 import subprocess
+import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 DAEMONS = ("munged", "slurmctld", "slurmd", "sbatch", "srun", "scontrol", "sinfo", "scancel")
@@ -155,6 +157,37 @@ class SlurmCluster:
             with contextlib.suppress(OSError):
                 out.append(f"--- {log.name}\n" + "\n".join(log.read_text(errors="replace").splitlines()[-tail:]))
         return "\n".join(out)
+
+
+@contextlib.contextmanager
+def running_cluster(*, nodes: int = 2, extra_conf: str = "") -> Iterator[SlurmCluster]:
+    """A started cluster in a short folder of its own, stopped and removed after; skips saying why where Slurm
+    cannot run here (fails instead with ELASTIC_DIAG_REQUIRE_SLURM=1, as .ci/run sets). The folder is short:
+    slurmd's step sockets (<spool>/<node>_<job>.<step>) must fit in the 108 bytes of a Unix socket path, which
+    pytest's tmp_path under xdist does not leave."""
+    import pytest
+
+    def skip_or_fail(reason: str) -> None:
+        if os.environ.get("ELASTIC_DIAG_REQUIRE_SLURM") == "1":
+            pytest.fail(f"ELASTIC_DIAG_REQUIRE_SLURM=1 but {reason}")
+        pytest.skip(reason)
+
+    if os.geteuid() != 0:
+        skip_or_fail("a private Slurm needs root here (SlurmUser=root, munged's key)")
+    if missing := missing_tools():
+        skip_or_fail(f"Slurm is not installed (missing {', '.join(missing)}; apt-get install slurm-wlm munge)")
+    root = Path(tempfile.mkdtemp(prefix="edslurm-", dir="/tmp"))
+    cluster = SlurmCluster(root, nodes=nodes, extra_conf=extra_conf)
+    try:
+        try:
+            cluster.start()
+        except (RuntimeError, OSError) as e:
+            cluster.stop()
+            skip_or_fail(f"the Slurm daemons did not start: {e}")
+        yield cluster
+    finally:
+        cluster.stop()
+        shutil.rmtree(root, ignore_errors=True)
 
 
 def _alive(pid: int) -> bool:

@@ -17,16 +17,13 @@ The test skips, saying why, where the Slurm packages are missing or the daemons 
 from __future__ import annotations
 
 import json
-import os
-import shutil
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 import pytest
 from helpers import EXAMPLE, ROOT, kill_leftovers
-from slurm_cluster import SlurmCluster, free_port, missing_tools
+from slurm_cluster import SlurmCluster, free_port, running_cluster
 
 from elastic_diag.report.schema import validate
 
@@ -37,32 +34,10 @@ STUCK_SAVE = ROOT / "tests" / "scenarios" / "sigterm_save_blocks.py"
 REQUEUE = 75  # EX_TEMPFAIL
 
 
-def _skip_or_fail(reason: str) -> None:
-    if os.environ.get("ELASTIC_DIAG_REQUIRE_SLURM") == "1":
-        pytest.fail(f"ELASTIC_DIAG_REQUIRE_SLURM=1 but {reason}")
-    pytest.skip(reason)
-
-
 @pytest.fixture
 def slurm():
-    if os.geteuid() != 0:
-        _skip_or_fail("a private Slurm needs root here (SlurmUser=root, munged's key)")
-    if missing := missing_tools():
-        _skip_or_fail(f"Slurm is not installed (missing {', '.join(missing)}; apt-get install slurm-wlm munge)")
-    # a short folder of its own: slurmd's step sockets (<spool>/<node>_<job>.<step>) must fit in the
-    # 108 bytes of a Unix socket path, which pytest's tmp_path under xdist does not leave
-    root = Path(tempfile.mkdtemp(prefix="edslurm-", dir="/tmp"))
-    cluster = SlurmCluster(root, nodes=2, extra_conf=f"RequeueExit={REQUEUE}\nJobRequeue=1")
-    try:
-        try:
-            cluster.start()
-        except (RuntimeError, OSError) as e:
-            cluster.stop()
-            _skip_or_fail(f"the Slurm daemons did not start: {e}")
+    with running_cluster(nodes=2, extra_conf=f"RequeueExit={REQUEUE}\nJobRequeue=1") as cluster:
         yield cluster
-    finally:
-        cluster.stop()
-        shutil.rmtree(root, ignore_errors=True)
 
 
 def _script(path: Path, body: str) -> Path:

@@ -1,0 +1,282 @@
+"""``elastic-diag exec -- COMMAND``: one rank's process under a small watch, for jobs torchrun does not launch.
+
+``srun python train.py`` (Lightning and NeMo on Slurm), ``mpirun python train.py``: each task the launcher
+starts is one rank. Prefixed with ``elastic-diag exec --``, the task runs under a watch that
+
+* finds its rank and world size from the launcher's variables (:mod:`elastic_diag.launch.rank_env`);
+* lays out ``<diag-dir>/attempt_0/rank_<R>/`` as ``torchrun-diag`` does (private: 0700 / 0600), and starts
+  the command with the same worker bootstrap (exception records, stacks on a signal, the progress beacon,
+  the flight recorder, secrets masked as the rank writes);
+* keeps the rank's stdout and stderr in that folder and passes them on to its own (the launcher's console);
+* forwards SIGTERM / SIGINT / SIGHUP to the rank (srun kills a step that way when a task fails) and keeps
+  waiting for it, so the exit and the evidence are on disk before the launcher's SIGKILL;
+* writes the rank's ``launcher.json`` (its exit code or signal, its exit time, whether it was stopped from
+  outside) and then the verdict across ranks, from the same files and the same rules as ``torchrun-diag``.
+
+Who writes ``report.json``: every watch, when its rank has ended, once the others have reported or a grace
+period has passed (a failed rank's watch waits ``--diag-grace`` seconds for its peers' evidence). Each
+write judges all the evidence on disk at that moment and replaces the file atomically, so the last watch
+to end leaves the verdict with the most evidence; ``elastic-diag report DIR`` judges it again at any time.
+The summary is printed by the watch of the rank the verdict names (rank 0's when none is named), so a
+step's console shows it once.
+
+The diag dir is shared by the job's ranks: ``--diag-dir`` / ``ELASTIC_DIAG_DIR``, else one named by the
+job (Slurm's job and step, Open MPI's job id, PMIx's namespace, ``MASTER_ADDR``/``MASTER_PORT``).
+With no rank in the environment, or no folder to write, the command runs unwatched with its own exit
+code, and a line says why. The watch imports no torch.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import IO, Any
+
+from elastic_diag.config import DEFAULT_RUNS_DIR, DEFAULT_TAIL_LINES, ENV_DIAG_DIR, host_name
+from elastic_diag.launch.rank_env import LOOKED_FOR, RankPlace, job_name, rank_from_env
+from elastic_diag.layout import (
+    ENV_BOOT_PATH,
+    ENV_LAUNCHER_PID,
+    ENV_RANK_DIR,
+    ENV_TORCHELASTIC_ERROR_FILE,
+    ERROR_FILE,
+    LAUNCHER_FILE,
+    LAUNCHER_SCHEMA,
+    REPORT_FILE,
+    STDERR_FILE,
+    STDOUT_FILE,
+    attempt_dir_name,
+    create_private_file,
+    flight_recorder_env,
+    make_private_dir,
+    rank_dir_name,
+    write_json_atomic,
+)
+
+BOOT_DIR = str(Path(__file__).resolve().parents[1] / "worker" / "_boot")
+DEFAULT_GRACE_S = 5.0
+FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+_CHUNK = 1 << 16
+
+
+def _say(text: str) -> None:
+    print(f"elastic-diag exec: {text}", file=sys.stderr, flush=True)
+
+
+def shared_diag_dir(given: str | None, env: Mapping[str, str]) -> Path | None:
+    """The folder every rank of the job writes into, or None when nothing names one."""
+    if given or env.get(ENV_DIAG_DIR):
+        return Path(given or env[ENV_DIAG_DIR]).absolute()
+    name = job_name(env)
+    return Path.cwd() / DEFAULT_RUNS_DIR / name.replace("/", "_") if name else None
+
+
+def run_unwatched(command: Sequence[str], why: str) -> int:
+    _say(f"{why}; the command runs without diagnosis")
+    try:
+        return _exit_status(subprocess.call(list(command)))
+    except OSError as e:
+        _say(f"cannot run {command[0]!r}: {e.strerror or e}")
+        return 127
+
+
+def _exit_status(code: int) -> int:
+    return code if code >= 0 else 128 - code  # a signal: the shell's 128 + N
+
+
+class RankWatch:
+    """The watch of one rank: starts it, tees its streams, forwards signals, records its end."""
+
+    def __init__(self, command: Sequence[str], place: RankPlace, diag_dir: Path, grace_s: float,
+                 env: Mapping[str, str]) -> None:  # fmt: skip
+        self.command = list(command)
+        self.place = place
+        self.diag_dir = diag_dir
+        self.attempt_dir = diag_dir / attempt_dir_name(0)
+        self.rank_dir = self.attempt_dir / rank_dir_name(place.rank)
+        self.grace_s = grace_s
+        self.env = dict(env)
+        self.node = host_name(env)
+        self.stopped_by: int | None = None  # the signal the watch received and passed on
+        self.cut_short = False  # a signal came after the rank's end: stop waiting for the peers
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.previous: dict[int, Any] = {}
+
+    def prepare(self) -> None:
+        make_private_dir(self.rank_dir)
+        for name in (STDOUT_FILE, STDERR_FILE):
+            create_private_file(self.rank_dir / name)
+
+    def child_env(self) -> dict[str, str]:
+        env = {**self.env, **flight_recorder_env(self.rank_dir)}
+        env[ENV_RANK_DIR] = str(self.rank_dir)
+        env[ENV_BOOT_PATH] = BOOT_DIR
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (BOOT_DIR, self.env.get("PYTHONPATH", "")) if p)
+        env[ENV_LAUNCHER_PID] = str(os.getpid())
+        env.setdefault(ENV_TORCHELASTIC_ERROR_FILE, str(self.rank_dir / ERROR_FILE))
+        return env
+
+    def run(self) -> int:
+        """Run the rank to its end; its raw exit code (negative: the signal that ended it), or 127 when it
+        cannot start. The signal handlers stay until :meth:`restore_signals`: a SIGTERM after the rank's end
+        (srun stopping the step while this watch waits for its peers) cuts the wait short, it does not
+        kill the watch before the verdict is written."""
+        self.previous = {s: signal.signal(s, self._forward) for s in FORWARDED}
+        try:
+            self.proc = subprocess.Popen(self.command, env=self.child_env(), stdout=subprocess.PIPE,
+                                         stderr=subprocess.PIPE)  # fmt: skip
+        except OSError as e:
+            _say(f"cannot run {self.command[0]!r}: {e.strerror or e}")
+            return 127
+        assert self.proc.stdout is not None and self.proc.stderr is not None
+        tees = [self._tee(self.proc.stdout, self.rank_dir / STDOUT_FILE, sys.stdout),
+                self._tee(self.proc.stderr, self.rank_dir / STDERR_FILE, sys.stderr)]  # fmt: skip
+        code = self.proc.wait()
+        exit_time = time.time()
+        for t in tees:
+            t.join(timeout=5)
+        self.record_end(code, exit_time)
+        return code
+
+    def restore_signals(self) -> None:
+        for s, h in self.previous.items():
+            signal.signal(s, h)
+        self.previous = {}
+
+    def _forward(self, signum: int, _frame: Any) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.stopped_by = signum
+            self.proc.send_signal(signum)
+        else:
+            self.cut_short = True  # the rank has ended: judge now, before the launcher's SIGKILL
+
+    def _tee(self, source: IO[bytes], path: Path, console: Any) -> threading.Thread:
+        def copy() -> None:
+            out = getattr(console, "buffer", None)
+            with open(path, "ab") as sink:
+                fd = source.fileno()
+                while chunk := os.read(fd, _CHUNK):
+                    sink.write(chunk)
+                    sink.flush()
+                    if out is not None:
+                        try:
+                            out.write(chunk)
+                            out.flush()
+                        except (OSError, ValueError):  # the console went away: the file still has it
+                            out = None
+
+        thread = threading.Thread(target=copy, name=f"elastic-diag-tee-{path.name}", daemon=True)
+        thread.start()
+        return thread
+
+    def record_end(self, code: int, exit_time: float) -> None:
+        """This rank's launcher.json: what a launcher saw of it, the file ``read_attempt`` reads."""
+        record = {
+            "schema": LAUNCHER_SCHEMA, "attempt": 0, "run_id": self.diag_dir.name, "node": self.node,
+            "decided_at": exit_time, "hang": None, "tail_lines": DEFAULT_TAIL_LINES,
+            "launcher": f"elastic-diag exec ({self.place.launcher})",
+            "rank": {"rank": self.place.rank, "local_rank": self.place.local_rank,
+                     "pid": self.proc.pid if self.proc else None, "exit_code": code, "exit_time": exit_time,
+                     "alive_at_decision": False, "stopped_by_agent": self.stopped_by is not None and code != 0,
+                     "kernel": None, "stack_offset": None, "node": self.node},
+        }  # fmt: skip
+        write_json_atomic(self.rank_dir / LAUNCHER_FILE, record, indent=None)
+
+    def reported_ranks(self) -> set[int]:
+        found = set()
+        for path in self.attempt_dir.glob(f"rank_*/{LAUNCHER_FILE}"):
+            number = path.parent.name.removeprefix("rank_")
+            if number.isdigit():
+                found.add(int(number))
+        return found
+
+    def wait_for_peers(self, failed: bool) -> None:
+        """Until every rank of the world has reported, at most the grace period (a failed rank's peers are
+        being stopped by the launcher now; a healthy rank does not wait for the others)."""
+        size = self.place.world_size
+        if not failed or size is None:
+            return
+        deadline = time.monotonic() + self.grace_s
+        while (not self.cut_short and time.monotonic() < deadline
+               and len(self.reported_ranks() & set(range(size))) < size):  # fmt: skip
+            time.sleep(0.1)
+
+    def judge(self) -> dict[str, Any] | None:
+        """Every rank's evidence on disk judged by the core's rules, written to report.json and report.html;
+        the report, or None when this watch has nothing to add (a healthy rank whose peers still run)."""
+        from elastic_diag.core.classify import classify_attempt
+        from elastic_diag.core.verdict import AttemptStatus
+        from elastic_diag.layout import read_attempt
+        from elastic_diag.report.document import AttemptRecord, build_report, write_report
+        from elastic_diag.report.html import write_html
+
+        read = read_attempt(self.attempt_dir)
+        evidence = read.evidence
+        failed = any(ev.exit_code not in (0, None) for ev in evidence.ranks)
+        size = self.place.world_size
+        if not failed and size is not None and {ev.rank for ev in evidence.ranks} < set(range(size)):
+            return None  # healthy so far, and ranks still running: the last one writes the report
+        diagnosis = classify_attempt(evidence)
+        status: AttemptStatus = "failed" if failed else "succeeded"
+        missing = sorted(set(range(size)) - {ev.rank for ev in evidence.ranks}) if size else []
+        notes = [f"started by {self.place.launcher} through elastic-diag exec"]
+        if missing:
+            notes.append(f"no evidence from rank(s) {missing} in {self.attempt_dir} (another host whose diag dir is "
+                         "not shared, or a task that never started)")  # fmt: skip
+        record = AttemptRecord(evidence=evidence, diagnosis=diagnosis, status=status, final=True)
+        report = build_report(run_id=self.diag_dir.name, status=status, attempts=[record], diag_dir=str(self.diag_dir),
+                              node=self.node, notes=[*notes, *read.problems])  # fmt: skip
+        write_report(self.diag_dir / REPORT_FILE, report)
+        write_html(self.diag_dir, report)
+        return report
+
+
+def run_exec(command: Sequence[str], *, diag_dir: str | None = None, grace_s: float = DEFAULT_GRACE_S,
+             env: Mapping[str, str] | None = None) -> int:  # fmt: skip
+    """``elastic-diag exec``: the command's own exit status, whatever the diagnosis does."""
+    env = os.environ if env is None else env
+    if not command:
+        _say("error: no command: elastic-diag exec [--diag-dir DIR] -- COMMAND ...")
+        return 2
+    place = rank_from_env(env)
+    if place is None:
+        return run_unwatched(command, f"no rank in the environment (looked for {', '.join(LOOKED_FOR)})")
+    folder = shared_diag_dir(diag_dir, env)
+    if folder is None:
+        why = (
+            f"rank {place.rank}: no diag dir: pass --diag-dir DIR or set {ENV_DIAG_DIR} to a folder every rank "
+            "can write (nothing in the environment names the job)"
+        )
+        return run_unwatched(command, why)
+    watch = RankWatch(command, place, folder, grace_s, env)
+    try:
+        watch.prepare()
+    except OSError as e:
+        return run_unwatched(command, f"rank {place.rank}: the diag dir {str(folder)!r} is not writable "
+                                      f"({e.strerror or e})")  # fmt: skip
+    try:
+        code = watch.run()
+        if code == 127 and watch.proc is None:
+            return code
+        try:
+            watch.wait_for_peers(code != 0)
+            report = watch.judge()
+        except Exception as e:  # noqa: BLE001 - the job's result comes first: say it, keep its exit status
+            _say(f"rank {place.rank}: the verdict could not be written ({e!r}); `elastic-diag report {folder}` "
+                 "judges the evidence again")  # fmt: skip
+            return _exit_status(code)
+        if report is not None and report["status"] != "succeeded":
+            named = report["diagnosis"].get("initiating_rank")
+            if named == place.rank or (named is None and place.rank == 0):
+                from elastic_diag.report.summary import print_summary
+
+                print_summary(report, str(folder / REPORT_FILE))
+        return _exit_status(code)
+    finally:
+        watch.restore_signals()

@@ -1,0 +1,204 @@
+"""``elastic-diag exec`` (issue 31): one rank a process started by something other than torchrun, under a
+watch. Real processes: three watches started with a launcher's variables (as srun and mpirun set them), a
+gloo job whose rank 1 raises; a command with no rank in its environment; the rank variables on their own."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from slurm_cluster import free_port, running_cluster
+
+from elastic_diag.launch.rank_env import LOOKED_FOR, RankPlace, job_name, rank_from_env
+from elastic_diag.report.schema import validate
+
+EXEC = [sys.executable, "-m", "elastic_diag.cli", "exec"]
+
+JOB = """
+import os, sys
+from datetime import timedelta
+import torch, torch.distributed as dist
+# as scripts started by srun directly do: the rank from Slurm's variables when no launcher set RANK
+rank = int(os.environ.get("RANK", os.environ.get("SLURM_PROCID", "0")))
+world = int(os.environ.get("WORLD_SIZE", os.environ.get("SLURM_NTASKS", "1")))
+dist.init_process_group("gloo", rank=rank, world_size=world, timeout=timedelta(seconds=6))
+t = torch.ones(8)
+for step in range(6):
+    if rank == 1 and step == 3 and os.environ.get("FAIL") == "exception":
+        raise KeyError(f"shard-{step}")
+    dist.all_reduce(t)
+    print(f"rank {rank} step {step}", flush=True)
+dist.barrier()
+dist.destroy_process_group()
+"""
+
+
+@pytest.mark.parametrize(
+    ("env", "want"),
+    [
+        ({"RANK": "2", "WORLD_SIZE": "4", "LOCAL_RANK": "0"}, RankPlace(2, 4, 0, "torchrun")),
+        ({"SLURM_PROCID": "3", "SLURM_NTASKS": "4", "SLURM_LOCALID": "1", "SLURM_STEP_ID": "0"},
+         RankPlace(3, 4, 1, "slurm")),
+        ({"SLURM_PROCID": "0", "SLURM_NTASKS": "1", "SLURM_JOB_ID": "7"}, None),  # the batch script, not a step
+        ({"OMPI_COMM_WORLD_RANK": "5", "OMPI_COMM_WORLD_SIZE": "8", "OMPI_COMM_WORLD_LOCAL_RANK": "1"},
+         RankPlace(5, 8, 1, "openmpi")),
+        ({"PMI_RANK": "1", "PMI_SIZE": "2", "MPI_LOCALRANKID": "1"}, RankPlace(1, 2, 1, "pmi")),
+        ({"PMIX_RANK": "6"}, RankPlace(6, None, None, "pmix")),
+        ({"RANK": "3", "WORLD_SIZE": "2"}, RankPlace(3, None, None, "torchrun")),  # a world that cannot hold it
+        ({"RANK": "abc", "SLURM_PROCID": "1", "SLURM_STEP_ID": "4"}, RankPlace(1, None, None, "slurm")),
+        ({"RANK": "-1"}, None),
+        ({"RANK": "9" * 12}, None),
+        ({}, None),
+    ],
+)  # fmt: skip
+def test_the_rank_from_each_launchers_variables(env, want):
+    assert rank_from_env(env) == want
+
+
+def test_a_name_every_rank_of_a_job_computes_alike():
+    assert job_name({"SLURM_JOB_ID": "41", "SLURM_STEP_ID": "2"}) == "slurm-41.2"
+    assert job_name({"OMPI_MCA_ess_base_jobid": "123456"}) == "ompi-123456"
+    assert job_name({"MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "29500"}) == "exec-10.0.0.1-29500"
+    assert job_name({"SLURM_JOB_ID": "41"}) is None and job_name({}) is None
+
+
+def _start_ranks(tmp_path: Path, world: int, extra: dict[str, str], *argv: str) -> list[subprocess.Popen[str]]:
+    script = tmp_path / "job.py"
+    script.write_text(JOB)
+    port = free_port()
+    procs = []
+    for rank in range(world):
+        env = {**os.environ, "OMP_NUM_THREADS": "1", "RANK": str(rank), "WORLD_SIZE": str(world),
+               "LOCAL_RANK": str(rank), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), **extra}  # fmt: skip
+        procs.append(subprocess.Popen([*EXEC, *argv, "--", sys.executable, str(script)], env=env, cwd=tmp_path,
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                      start_new_session=True))  # fmt: skip
+    return procs
+
+
+def _finish(procs: list[subprocess.Popen[str]], timeout: float) -> list[tuple[int, str, str]]:
+    deadline = time.monotonic() + timeout
+    out = []
+    try:
+        for p in procs:
+            stdout, stderr = p.communicate(timeout=max(1.0, deadline - time.monotonic()))
+            out.append((p.returncode, stdout, stderr))
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                os.killpg(p.pid, 9)
+                p.wait()
+    return out
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(120)
+def test_three_ranks_under_watches_name_the_rank_that_raised(tmp_path):
+    """Each watch keeps its rank's evidence in the torchrun-diag layout and its exit status; the verdict across
+    ranks comes from the same rules: rank 1 raised KeyError, ranks 0 and 2 failed waiting for it; the summary
+    is printed once, by rank 1's watch."""
+    diag = tmp_path / "diag"
+    results = _finish(_start_ranks(tmp_path, 3, {"FAIL": "exception"}, "--diag-dir", str(diag)), 100)
+    assert [code for code, _, _ in results] == [1, 1, 1], results
+    report = json.loads((diag / "report.json").read_text())
+    validate(report)
+    d = report["diagnosis"]
+    assert (report["status"], d["failure_class"], d["initiating_rank"], d["exception_type"]) == (
+        "failed", "python_exception", 1, "KeyError"), d  # fmt: skip
+    roles = {r["rank"]: r["role"] for r in report["ranks"]}
+    assert roles == {0: "collateral", 1: "initiating", 2: "collateral"}, roles
+    summaries = [i for i, (_, _, err) in enumerate(results) if "elastic_diag: job FAILED" in err]
+    assert summaries == [1], [err[-800:] for _, _, err in results]
+    assert "rank 1 step 2" in results[1][1] and "KeyError: 'shard-3'" in results[1][2]  # the console still has it
+    for rank in range(3):
+        folder = diag / "attempt_0" / f"rank_{rank}"
+        launcher = json.loads((folder / "launcher.json").read_text())
+        assert launcher["rank"]["exit_code"] == 1 and launcher["launcher"] == "elastic-diag exec (torchrun)"
+        assert f"rank {rank} step 2" in (folder / "stdout.log").read_text()
+        assert stat.S_IMODE(folder.stat().st_mode) == 0o700
+        assert all(stat.S_IMODE(f.stat().st_mode) == 0o600 for f in folder.iterdir() if f.is_file()), folder
+    assert (diag / "report.html").is_file()
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(120)
+def test_a_healthy_job_under_watches_is_healthy_and_exits_0(tmp_path):
+    diag = tmp_path / "diag"
+    results = _finish(_start_ranks(tmp_path, 2, {}, "--diag-dir", str(diag)), 100)
+    assert [code for code, _, _ in results] == [0, 0], results
+    report = json.loads((diag / "report.json").read_text())
+    assert (report["status"], report["diagnosis"]["failure_class"]) == ("succeeded", "healthy"), report["diagnosis"]
+    assert not any("elastic_diag: job" in err for _, _, err in results)
+
+
+def test_no_rank_in_the_environment_runs_the_command_unwatched(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k not in LOOKED_FOR}
+    p = subprocess.run([*EXEC, "--", sys.executable, "-c", "import sys; print('hi'); sys.exit(3)"], env=env,
+                       cwd=tmp_path, capture_output=True, text=True, timeout=60, check=False)  # fmt: skip
+    assert p.returncode == 3 and p.stdout == "hi\n", p
+    assert "no rank in the environment" in p.stderr
+    assert "SLURM_PROCID" in p.stderr and "OMPI_COMM_WORLD_RANK" in p.stderr
+    assert not (tmp_path / "elastic_diag_runs").exists()
+
+
+def test_a_rank_killed_by_a_signal_keeps_the_shells_exit_status(tmp_path):
+    env = {**os.environ, "RANK": "0", "WORLD_SIZE": "1"}
+    p = subprocess.run([*EXEC, "--diag-dir", str(tmp_path / "d"), "--", sys.executable, "-c",
+                        "import os, signal; os.kill(os.getpid(), signal.SIGKILL)"], env=env, cwd=tmp_path,
+                       capture_output=True, text=True, timeout=60, check=False)  # fmt: skip
+    assert p.returncode == 128 + 9, p
+    launcher = json.loads((tmp_path / "d" / "attempt_0" / "rank_0" / "launcher.json").read_text())
+    assert launcher["rank"]["exit_code"] == -9
+    report = json.loads((tmp_path / "d" / "report.json").read_text())
+    assert report["diagnosis"]["initiating_rank"] == 0 and report["status"] == "failed", report["diagnosis"]
+
+
+def test_the_watch_imports_no_torch(tmp_path):
+    code = ("import sys; from elastic_diag.launch.exec_watch import run_exec; "
+            "c = run_exec([sys.executable, '-c', 'pass'], diag_dir=sys.argv[1]); "
+            "print(c, 'torch' in sys.modules)")  # fmt: skip
+    p = subprocess.run([sys.executable, "-c", code, str(tmp_path / "d")], env={**os.environ, "RANK": "0"},
+                       capture_output=True, text=True, timeout=60, check=False)  # fmt: skip
+    assert p.stdout.split() == ["0", "False"], p
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(240)
+def test_srun_on_two_nodes_each_task_under_a_watch(tmp_path):
+    """`srun -N2 -n2 --kill-on-bad-exit=1 elastic-diag exec -- python job.py` on a real two-node Slurm: the
+    default diag dir is named by the job and step in the shared working directory, each task writes its own
+    rank's folder, rank 1's KeyError is the verdict, and the step's exit is the task's."""
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "job.py").write_text(JOB)
+    with running_cluster(nodes=2) as slurm:
+        script = tmp_path / "job.sh"
+        script.write_text(f"""#!/bin/bash
+export OMP_NUM_THREADS=1 FAIL=exception MASTER_ADDR=127.0.0.1 MASTER_PORT={free_port()}
+srun -N2 -n2 --kill-on-bad-exit=1 {sys.executable} -m elastic_diag.cli exec -- {sys.executable} job.py
+echo "srun exit $?"
+""")
+        script.chmod(0o755)
+        out = tmp_path / "job.out"
+        job = slurm.sbatch(script, "-N2", "-o", str(out), cwd=work)
+        slurm.wait_state(job, {"COMPLETED", "FAILED", "CANCELLED"}, 180)
+        deadline = time.monotonic() + 30
+        while "srun exit" not in (out.read_text() if out.exists() else "") and time.monotonic() < deadline:
+            time.sleep(0.2)
+        text = out.read_text()
+        diag = work / "elastic_diag_runs" / f"slurm-{job}.0"
+        assert (diag / "report.json").is_file(), text[-3000:] + slurm.logs()
+        report = json.loads((diag / "report.json").read_text())
+        validate(report)
+        d = report["diagnosis"]
+        want = ("python_exception", 1, "KeyError")
+        assert (d["failure_class"], d["initiating_rank"], d["exception_type"]) == want, d
+        nodes = {json.loads((diag / "attempt_0" / f"rank_{r}" / "launcher.json").read_text())["node"] for r in (0, 1)}
+        assert nodes == {"node0", "node1"}, nodes  # Slurm's node names: one task on each
+        assert "srun exit 1" in text and "elastic_diag: job FAILED" in text, text[-3000:]
