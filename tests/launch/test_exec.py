@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import stat
 import subprocess
 import sys
@@ -24,9 +25,10 @@ JOB = """
 import os, sys
 from datetime import timedelta
 import torch, torch.distributed as dist
-# as scripts started by srun directly do: the rank from Slurm's variables when no launcher set RANK
-rank = int(os.environ.get("RANK", os.environ.get("SLURM_PROCID", "0")))
-world = int(os.environ.get("WORLD_SIZE", os.environ.get("SLURM_NTASKS", "1")))
+# as scripts started by srun or mpirun directly do: the rank from their variables when no launcher set RANK
+env = os.environ
+rank = int(env.get("RANK") or env.get("SLURM_PROCID") or env.get("OMPI_COMM_WORLD_RANK") or 0)
+world = int(env.get("WORLD_SIZE") or env.get("SLURM_NTASKS") or env.get("OMPI_COMM_WORLD_SIZE") or 1)
 dist.init_process_group("gloo", rank=rank, world_size=world, timeout=timedelta(seconds=6))
 t = torch.ones(8)
 for step in range(6):
@@ -202,3 +204,31 @@ echo "srun exit $?"
         nodes = {json.loads((diag / "attempt_0" / f"rank_{r}" / "launcher.json").read_text())["node"] for r in (0, 1)}
         assert nodes == {"node0", "node1"}, nodes  # Slurm's node names: one task on each
         assert "srun exit 1" in text and "elastic_diag: job FAILED" in text, text[-3000:]
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(120)
+def test_mpirun_each_rank_under_a_watch(tmp_path):
+    """`mpirun -np 3 elastic-diag exec -- python job.py` (Debian's Open MPI): the ranks from OMPI_COMM_WORLD_*,
+    the diag dir named by Open MPI's job id, rank 1's KeyError the verdict, mpirun's exit 1."""
+    mpirun = shutil.which("mpirun")
+    if mpirun is None:
+        if os.environ.get("ELASTIC_DIAG_REQUIRE_MPI") == "1":
+            pytest.fail("ELASTIC_DIAG_REQUIRE_MPI=1 but mpirun is missing (apt-get install openmpi-bin)")
+        pytest.skip("Open MPI is not installed (apt-get install openmpi-bin)")
+    (tmp_path / "job.py").write_text(JOB)
+    env = {k: v for k, v in os.environ.items() if k not in LOOKED_FOR}
+    # --allow-run-as-root: the tests run as root here; --oversubscribe: 3 ranks on 2 cores
+    p = subprocess.run([mpirun, "--allow-run-as-root", "--oversubscribe", "-np", "3", "-x", "FAIL=exception",
+                        "-x", "MASTER_ADDR=127.0.0.1", "-x", f"MASTER_PORT={free_port()}", "-x", "OMP_NUM_THREADS=1",
+                        *EXEC, "--", sys.executable, "job.py"], cwd=tmp_path, env=env, capture_output=True, text=True,
+                       timeout=100, check=False)  # fmt: skip
+    assert p.returncode == 1, p.stdout[-3000:] + p.stderr[-3000:]
+    runs = list((tmp_path / "elastic_diag_runs").glob("ompi-*"))
+    assert len(runs) == 1, runs
+    report = json.loads((runs[0] / "report.json").read_text())
+    validate(report)
+    d = report["diagnosis"]
+    assert (d["failure_class"], d["initiating_rank"], d["exception_type"]) == ("python_exception", 1, "KeyError"), d
+    assert sorted(int(f.name.removeprefix("rank_")) for f in (runs[0] / "attempt_0").iterdir()) == [0, 1, 2]
+    assert (p.stdout + p.stderr).count("elastic_diag: job FAILED") == 1
