@@ -63,6 +63,11 @@ BOOT_DIR = str(Path(__file__).resolve().parents[1] / "worker" / "_boot")
 DEFAULT_GRACE_S = 5.0
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 _CHUNK = 1 << 16
+CLAIM_FILE = "exec.claim"  # rank_R/: which watch has the rank (host, pid)
+
+
+def _safe(text: str) -> str:
+    return "".join(c if c.isalnum() or c in "-_" else "_" for c in text)[:64]
 
 
 def _say(text: str) -> None:
@@ -109,7 +114,21 @@ class RankWatch:
         self.previous: dict[int, Any] = {}
 
     def prepare(self) -> None:
+        """The rank's folder, claimed for this watch (``exec.claim``: host and pid, created exclusively). A
+        second watch with the same rank (two launchers' variables that disagree, a task started twice) keeps
+        its evidence beside it in ``rank_<R>.<host>.<pid>/``; the verdict is taken from the first and says so."""
+        make_private_dir(self.attempt_dir)
         make_private_dir(self.rank_dir)
+        try:
+            fd = os.open(self.rank_dir / CLAIM_FILE, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        except FileExistsError:
+            claimed = (self.rank_dir / CLAIM_FILE).read_text(errors="replace").strip()[:200]
+            self.rank_dir = self.attempt_dir / f"{rank_dir_name(self.place.rank)}.{_safe(self.node)}.{os.getpid()}"
+            make_private_dir(self.rank_dir)
+            _say(f"rank {self.place.rank} is already watched ({claimed}); this one's evidence goes to {self.rank_dir}")
+        else:
+            with os.fdopen(fd, "w") as f:
+                f.write(f"host {self.node} pid {os.getpid()}\n")
         for name in (STDOUT_FILE, STDERR_FILE):
             create_private_file(self.rank_dir / name)
 
@@ -226,6 +245,9 @@ class RankWatch:
         status: AttemptStatus = "failed" if failed else "succeeded"
         missing = sorted(set(range(size)) - {ev.rank for ev in evidence.ranks}) if size else []
         notes = [f"started by {self.place.launcher} through elastic-diag exec"]
+        for d in sorted(self.attempt_dir.glob("rank_*.*")):
+            rank = d.name.split(".")[0].removeprefix("rank_")
+            notes.append(f"two watches claimed rank {rank}: the second one's evidence is in {d} (not judged)")
         if missing:
             notes.append(f"no evidence from rank(s) {missing} in {self.attempt_dir} (another host whose diag dir is "
                          "not shared, or a task that never started)")  # fmt: skip

@@ -232,3 +232,31 @@ def test_mpirun_each_rank_under_a_watch(tmp_path):
     assert (d["failure_class"], d["initiating_rank"], d["exception_type"]) == ("python_exception", 1, "KeyError"), d
     assert sorted(int(f.name.removeprefix("rank_")) for f in (runs[0] / "attempt_0").iterdir()) == [0, 1, 2]
     assert (p.stdout + p.stderr).count("elastic_diag: job FAILED") == 1
+
+
+def test_two_watches_claiming_one_rank_keep_both_evidences(tmp_path):
+    """A task started twice with the same rank: the second watch keeps its evidence beside the first's, the
+    verdict says so, neither exit status changes."""
+    env = {**os.environ, "RANK": "0", "WORLD_SIZE": "1"}
+    diag = tmp_path / "d"
+    first = subprocess.Popen([*EXEC, "--diag-dir", str(diag), "--", sys.executable, "-c",
+                              "import time; print('first', flush=True); time.sleep(3)"], env=env,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        deadline = time.monotonic() + 30
+        while not (diag / "attempt_0" / "rank_0" / "exec.claim").exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        second = subprocess.run([*EXEC, "--diag-dir", str(diag), "--", sys.executable, "-c",
+                                 "import sys; print('second'); sys.exit(4)"], env=env, capture_output=True,
+                                text=True, timeout=60, check=False)  # fmt: skip
+        out, _ = first.communicate(timeout=60)
+    finally:
+        if first.poll() is None:
+            first.kill()
+            first.wait()
+    assert second.returncode == 4 and first.returncode == 0 and "already watched" in second.stderr, second.stderr
+    dup = [d for d in (diag / "attempt_0").iterdir() if d.name.startswith("rank_0.")]
+    assert len(dup) == 1 and "second" in (dup[0] / "stdout.log").read_text()
+    assert "first" in (diag / "attempt_0" / "rank_0" / "stdout.log").read_text()
+    report = json.loads((diag / "report.json").read_text())
+    assert any("two watches claimed rank 0" in n for n in report["notes"]), report["notes"]
