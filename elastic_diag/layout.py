@@ -100,6 +100,10 @@ ROOT_CAUSE_FILE = "root_cause.json"
 STALL_FILE = "stall.json"
 LAUNCHER_FILE = "launcher.json"  # rank_R/: what the launcher saw of the rank (its exit, the verdict's time)
 LAUNCHER_SCHEMA = "elastic_diag.launcher/1"
+CLAIM_FILE = "exec.claim"  # rank_R/ under elastic-diag exec: which watch or process has the rank (host, pid)
+JOINED_FILE = "joined.json"  # rank_R/: a process that became rank R by joining a process group (worker/spawned.py)
+EXITS_DIR = "exits"  # attempt_N/exits/<pid>.json: a spawned rank's exit, as the process that reaped it saw it
+PARENT_DIR = "exec_parent"  # attempt_N/exec_parent/: the streams of a command whose children are the ranks
 _REPORT_SCHEMA = "elastic_diag.report/1"  # core/schema_ids.py's; layout reads an older report's facts
 STALL_MAX_BYTES = 1 << 20
 STALL_FR_MAX_BYTES = 8 << 20  # a stall keeps a copy of each rank's flight recorder up to this size
@@ -147,6 +151,7 @@ def stall_dir_name(number: int) -> str:
 ENV_RANK_DIR = "ELASTIC_DIAG_RANK_DIR"  # the rank's folder (above): the bootstrap writes there
 ENV_BOOT_PATH = "ELASTIC_DIAG_BOOT_PATH"  # the bootstrap's folder put first on PYTHONPATH (removed in the rank)
 ENV_ATTEMPT = "ELASTIC_DIAG_ATTEMPT"
+ENV_SPAWN_DIR = "ELASTIC_DIAG_SPAWN_DIR"  # elastic-diag exec: the attempt folder a process joining a group writes into
 ENV_LAUNCHER_PID = "ELASTIC_DIAG_LAUNCHER_PID"  # the rank exits when this process dies (worker/bootstrap.py)
 ENV_RESUME_FROM = "ELASTIC_DIAG_RESUME_FROM"  # the restart gate: the newest verified checkpoint
 ENV_PREVIOUS_DIAGNOSIS = "ELASTIC_DIAG_PREVIOUS_DIAGNOSIS"  # the restart gate: the verdict that ended the last attempt
@@ -223,6 +228,29 @@ def create_private_file(path: Path) -> None:
         os.fchmod(fd, PRIVATE_FILE_MODE)
     finally:
         os.close(fd)
+
+
+def claim_rank_dir(attempt_dir: Path, rank: int, node: str) -> tuple[Path, str | None]:
+    """``attempt_dir/rank_<R>/`` claimed for this process (``exec.claim``: host and pid, created exclusively),
+    and None; or, when another process holds it (two launchers' variables that disagree, a task started twice,
+    two children passing the same rank), a folder beside it, ``rank_<R>.<host>.<pid>/``, and the claim found.
+    Either way the folder exists (0700) and nothing in the other one is touched."""
+    folder = attempt_dir / rank_dir_name(rank)
+    make_private_dir(folder)
+    try:
+        fd = os.open(folder / CLAIM_FILE, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, PRIVATE_FILE_MODE)
+    except FileExistsError:
+        try:
+            claimed = (folder / CLAIM_FILE).read_text(errors="replace").strip()[:200]
+        except OSError:
+            claimed = "?"
+        safe = "".join(c if c.isalnum() or c in "-_" else "_" for c in node)[:64]
+        folder = attempt_dir / f"{rank_dir_name(rank)}.{safe}.{os.getpid()}"
+        make_private_dir(folder)
+        return folder, claimed or "?"
+    with os.fdopen(fd, "w") as f:
+        f.write(f"host {node} pid {os.getpid()}\n")
+    return folder, None
 
 
 def write_atomic(path: Path, data: str | bytes, *, redact: bool = True) -> None:

@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from elastic_diag.config import DEFAULT_RUNS_DIR, DEFAULT_TAIL_LINES, ENV_DIAG_DIR, host_name
-from elastic_diag.launch.rank_env import LOOKED_FOR, RankPlace, job_name, rank_from_env
+from elastic_diag.launch.rank_env import RankPlace, job_name, rank_from_env
 from elastic_diag.layout import (
     ENV_BOOT_PATH,
     ENV_LAUNCHER_PID,
@@ -52,6 +52,7 @@ from elastic_diag.layout import (
     STDERR_FILE,
     STDOUT_FILE,
     attempt_dir_name,
+    claim_rank_dir,
     create_private_file,
     flight_recorder_env,
     make_private_dir,
@@ -63,11 +64,6 @@ BOOT_DIR = str(Path(__file__).resolve().parents[1] / "worker" / "_boot")
 DEFAULT_GRACE_S = 5.0
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 _CHUNK = 1 << 16
-CLAIM_FILE = "exec.claim"  # rank_R/: which watch has the rank (host, pid)
-
-
-def _safe(text: str) -> str:
-    return "".join(c if c.isalnum() or c in "-_" else "_" for c in text)[:64]
 
 
 def _say(text: str) -> None:
@@ -95,73 +91,44 @@ def _exit_status(code: int) -> int:
     return code if code >= 0 else 128 - code  # a signal: the shell's 128 + N
 
 
-class RankWatch:
-    """The watch of one rank: starts it, tees its streams, forwards signals, records its end."""
+class Watch:
+    """What every watch does: start the command, keep its streams and pass them on, forward the launcher's
+    signals to it, record its end. :class:`RankWatch` watches one rank; :class:`~elastic_diag.launch.spawn_watch.
+    SpawnWatch` a command whose children are the ranks."""
 
-    def __init__(self, command: Sequence[str], place: RankPlace, diag_dir: Path, grace_s: float,
-                 env: Mapping[str, str]) -> None:  # fmt: skip
+    def __init__(self, command: Sequence[str], diag_dir: Path, grace_s: float, env: Mapping[str, str]) -> None:
         self.command = list(command)
-        self.place = place
         self.diag_dir = diag_dir
         self.attempt_dir = diag_dir / attempt_dir_name(0)
-        self.rank_dir = self.attempt_dir / rank_dir_name(place.rank)
         self.grace_s = grace_s
         self.env = dict(env)
         self.node = host_name(env)
         self.stopped_by: int | None = None  # the signal the watch received and passed on
-        self.cut_short = False  # a signal came after the rank's end: stop waiting for the peers
+        self.cut_short = False  # a signal came after the command's end: stop waiting, judge now
         self.proc: subprocess.Popen[bytes] | None = None
         self.previous: dict[int, Any] = {}
 
-    def prepare(self) -> None:
-        """The rank's folder, claimed for this watch (``exec.claim``: host and pid, created exclusively). A
-        second watch with the same rank (two launchers' variables that disagree, a task started twice) keeps
-        its evidence beside it in ``rank_<R>.<host>.<pid>/``; the verdict is taken from the first and says so."""
-        make_private_dir(self.attempt_dir)
-        make_private_dir(self.rank_dir)
-        try:
-            fd = os.open(self.rank_dir / CLAIM_FILE, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        except FileExistsError:
-            claimed = (self.rank_dir / CLAIM_FILE).read_text(errors="replace").strip()[:200]
-            self.rank_dir = self.attempt_dir / f"{rank_dir_name(self.place.rank)}.{_safe(self.node)}.{os.getpid()}"
-            make_private_dir(self.rank_dir)
-            _say(f"rank {self.place.rank} is already watched ({claimed}); this one's evidence goes to {self.rank_dir}")
-        else:
-            with os.fdopen(fd, "w") as f:
-                f.write(f"host {self.node} pid {os.getpid()}\n")
-        for name in (STDOUT_FILE, STDERR_FILE):
-            create_private_file(self.rank_dir / name)
-
-    def child_env(self) -> dict[str, str]:
-        env = {**self.env, **flight_recorder_env(self.rank_dir)}
-        env[ENV_RANK_DIR] = str(self.rank_dir)
+    def boot_env(self) -> dict[str, str]:
+        """The environment with the worker bootstrap first on PYTHONPATH."""
+        env = dict(self.env)
         env[ENV_BOOT_PATH] = BOOT_DIR
         env["PYTHONPATH"] = os.pathsep.join(p for p in (BOOT_DIR, self.env.get("PYTHONPATH", "")) if p)
-        env[ENV_LAUNCHER_PID] = str(os.getpid())
-        env.setdefault(ENV_TORCHELASTIC_ERROR_FILE, str(self.rank_dir / ERROR_FILE))
         return env
 
-    def run(self) -> int:
-        """Run the rank to its end; its raw exit code (negative: the signal that ended it), or 127 when it
-        cannot start. The signal handlers stay until :meth:`restore_signals`: a SIGTERM after the rank's end
-        (srun stopping the step while this watch waits for its peers) cuts the wait short, it does not
-        kill the watch before the verdict is written."""
+    def start(self, env: Mapping[str, str], stdout_path: Path, stderr_path: Path) -> list[threading.Thread] | None:
+        """The command started, its streams copied to the two files and the console; None when it cannot
+        start (said on stderr). The signal handlers stay until :meth:`restore_signals`: a SIGTERM after the
+        command's end (srun stopping the step while the watch waits for its peers) cuts the wait short, it does
+        not kill the watch before the verdict is written."""
         self.previous = {s: signal.signal(s, self._forward) for s in FORWARDED}
         try:
-            self.proc = subprocess.Popen(self.command, env=self.child_env(), stdout=subprocess.PIPE,
-                                         stderr=subprocess.PIPE)  # fmt: skip
+            self.proc = subprocess.Popen(self.command, env=dict(env), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         except OSError as e:
             _say(f"cannot run {self.command[0]!r}: {e.strerror or e}")
-            return 127
+            return None
         assert self.proc.stdout is not None and self.proc.stderr is not None
-        tees = [self._tee(self.proc.stdout, self.rank_dir / STDOUT_FILE, sys.stdout),
-                self._tee(self.proc.stderr, self.rank_dir / STDERR_FILE, sys.stderr)]  # fmt: skip
-        code = self.proc.wait()
-        exit_time = time.time()
-        for t in tees:
-            t.join(timeout=5)
-        self.record_end(code, exit_time)
-        return code
+        return [self._tee(self.proc.stdout, stdout_path, sys.stdout),
+                self._tee(self.proc.stderr, stderr_path, sys.stderr)]  # fmt: skip
 
     def restore_signals(self) -> None:
         for s, h in self.previous.items():
@@ -173,7 +140,7 @@ class RankWatch:
             self.stopped_by = signum
             self.proc.send_signal(signum)
         else:
-            self.cut_short = True  # the rank has ended: judge now, before the launcher's SIGKILL
+            self.cut_short = True  # the command has ended: judge now, before the launcher's SIGKILL
 
     def _tee(self, source: IO[bytes], path: Path, console: Any) -> threading.Thread:
         def copy() -> None:
@@ -193,6 +160,47 @@ class RankWatch:
         thread = threading.Thread(target=copy, name=f"elastic-diag-tee-{path.name}", daemon=True)
         thread.start()
         return thread
+
+
+class RankWatch(Watch):
+    """The watch of one rank: starts it, tees its streams, forwards signals, records its end."""
+
+    def __init__(self, command: Sequence[str], place: RankPlace, diag_dir: Path, grace_s: float,
+                 env: Mapping[str, str]) -> None:  # fmt: skip
+        super().__init__(command, diag_dir, grace_s, env)
+        self.place = place
+        self.rank_dir = self.attempt_dir / rank_dir_name(place.rank)
+
+    def prepare(self) -> None:
+        """The rank's folder, claimed for this watch (:func:`claim_rank_dir`). A second watch with the same rank
+        (two launchers' variables that disagree, a task started twice) keeps its evidence beside it in
+        ``rank_<R>.<host>.<pid>/``; the verdict is taken from the first and says so."""
+        make_private_dir(self.attempt_dir)
+        self.rank_dir, claimed = claim_rank_dir(self.attempt_dir, self.place.rank, self.node)
+        if claimed is not None:
+            _say(f"rank {self.place.rank} is already watched ({claimed}); this one's evidence goes to {self.rank_dir}")
+        for name in (STDOUT_FILE, STDERR_FILE):
+            create_private_file(self.rank_dir / name)
+
+    def child_env(self) -> dict[str, str]:
+        env = {**self.boot_env(), **flight_recorder_env(self.rank_dir)}
+        env[ENV_RANK_DIR] = str(self.rank_dir)
+        env[ENV_LAUNCHER_PID] = str(os.getpid())
+        env.setdefault(ENV_TORCHELASTIC_ERROR_FILE, str(self.rank_dir / ERROR_FILE))
+        return env
+
+    def run(self) -> int:
+        """Run the rank to its end; its raw exit code (negative: the signal that ended it), or 127 when it
+        cannot start."""
+        tees = self.start(self.child_env(), self.rank_dir / STDOUT_FILE, self.rank_dir / STDERR_FILE)
+        if tees is None or self.proc is None:
+            return 127
+        code = self.proc.wait()
+        exit_time = time.time()
+        for t in tees:
+            t.join(timeout=5)
+        self.record_end(code, exit_time)
+        return code
 
     def record_end(self, code: int, exit_time: float) -> None:
         """This rank's launcher.json: what a launcher saw of it, the file ``read_attempt`` reads."""
@@ -227,36 +235,46 @@ class RankWatch:
             time.sleep(0.1)
 
     def judge(self) -> dict[str, Any] | None:
-        """Every rank's evidence on disk judged by the core's rules, written to report.json and report.html;
-        the report, or None when this watch has nothing to add (a healthy rank whose peers still run)."""
-        from elastic_diag.core.classify import classify_attempt
-        from elastic_diag.core.verdict import AttemptStatus
-        from elastic_diag.layout import read_attempt
-        from elastic_diag.report.document import AttemptRecord, build_report, write_report
-        from elastic_diag.report.html import write_html
+        """Every rank's evidence on disk judged by the core's rules (:func:`judge_attempt`); None while this
+        healthy rank's peers still run."""
+        return judge_attempt(self.diag_dir, self.place.world_size, self.node,
+                             [f"started by {self.place.launcher} through elastic-diag exec"])  # fmt: skip
 
-        read = read_attempt(self.attempt_dir)
-        evidence = read.evidence
-        failed = any(ev.exit_code not in (0, None) for ev in evidence.ranks)
-        size = self.place.world_size
-        if not failed and size is not None and {ev.rank for ev in evidence.ranks} < set(range(size)):
-            return None  # healthy so far, and ranks still running: the last one writes the report
-        diagnosis = classify_attempt(evidence)
-        status: AttemptStatus = "failed" if failed else "succeeded"
-        missing = sorted(set(range(size)) - {ev.rank for ev in evidence.ranks}) if size else []
-        notes = [f"started by {self.place.launcher} through elastic-diag exec"]
-        for d in sorted(self.attempt_dir.glob("rank_*.*")):
-            rank = d.name.split(".")[0].removeprefix("rank_")
-            notes.append(f"two watches claimed rank {rank}: the second one's evidence is in {d} (not judged)")
-        if missing:
-            notes.append(f"no evidence from rank(s) {missing} in {self.attempt_dir} (another host whose diag dir is "
-                         "not shared, or a task that never started)")  # fmt: skip
-        record = AttemptRecord(evidence=evidence, diagnosis=diagnosis, status=status, final=True)
-        report = build_report(run_id=self.diag_dir.name, status=status, attempts=[record], diag_dir=str(self.diag_dir),
-                              node=self.node, notes=[*notes, *read.problems])  # fmt: skip
-        write_report(self.diag_dir / REPORT_FILE, report)
-        write_html(self.diag_dir, report)
-        return report
+
+def judge_attempt(diag_dir: Path, size: int | None, node: str, notes: list[str], *,
+                  command_failed: bool = False) -> dict[str, Any] | None:  # fmt: skip
+    """Every rank's evidence under ``diag_dir/attempt_0`` judged by the core's rules, written to report.json and
+    report.html; the report, or None when there is nothing to add yet (healthy so far, and ranks of a world of
+    ``size`` still running). ``command_failed``: the watched command itself failed (a parent of the ranks): the
+    attempt failed whatever the ranks' exits say."""
+    from elastic_diag.core.classify import classify_attempt
+    from elastic_diag.core.verdict import AttemptStatus
+    from elastic_diag.layout import read_attempt
+    from elastic_diag.report.document import AttemptRecord, build_report, write_report
+    from elastic_diag.report.html import write_html
+
+    attempt_dir = diag_dir / attempt_dir_name(0)
+    read = read_attempt(attempt_dir)
+    evidence = read.evidence
+    failed = command_failed or any(ev.exit_code not in (0, None) for ev in evidence.ranks)
+    if not failed and size is not None and {ev.rank for ev in evidence.ranks} < set(range(size)):
+        return None
+    diagnosis = classify_attempt(evidence)
+    status: AttemptStatus = "failed" if failed else "succeeded"
+    missing = sorted(set(range(size)) - {ev.rank for ev in evidence.ranks}) if size else []
+    notes = list(notes)
+    for d in sorted(attempt_dir.glob("rank_*.*")):
+        rank = d.name.split(".")[0].removeprefix("rank_")
+        notes.append(f"two processes claimed rank {rank}: the second one's evidence is in {d} (not judged)")
+    if missing:
+        notes.append(f"no evidence from rank(s) {missing} in {attempt_dir} (another host whose diag dir is "
+                     "not shared, or a task that never started)")  # fmt: skip
+    record = AttemptRecord(evidence=evidence, diagnosis=diagnosis, status=status, final=True)
+    report = build_report(run_id=diag_dir.name, status=status, attempts=[record], diag_dir=str(diag_dir),
+                          node=node, notes=[*notes, *read.problems])  # fmt: skip
+    write_report(diag_dir / REPORT_FILE, report)
+    write_html(diag_dir, report)
+    return report
 
 
 def run_exec(command: Sequence[str], *, diag_dir: str | None = None, grace_s: float = DEFAULT_GRACE_S,
@@ -268,7 +286,9 @@ def run_exec(command: Sequence[str], *, diag_dir: str | None = None, grace_s: fl
         return 2
     place = rank_from_env(env)
     if place is None:
-        return run_unwatched(command, f"no rank in the environment (looked for {', '.join(LOOKED_FOR)})")
+        from elastic_diag.launch.spawn_watch import run_spawn_watch
+
+        return run_spawn_watch(command, diag_dir=diag_dir, grace_s=grace_s, env=env)
     folder = shared_diag_dir(diag_dir, env)
     if folder is None:
         why = (

@@ -55,6 +55,7 @@ from elastic_diag.layout import (
     ENV_LAUNCHER_PID,
     ENV_NO_TORCH_HOOKS,
     ENV_RANK_DIR,
+    ENV_SPAWN_DIR,
     EXCEPTION_FILE,
     PRIVATE_FILE_MODE,
     STACKS_FILE,
@@ -100,7 +101,7 @@ def _excepthook(etype: type[BaseException], value: BaseException, tb: TracebackT
     now = _now()
     try:
         if os.getpid() == _state.get("pid"):
-            _record_exception(etype, value, tb, now)
+            record_exception(etype, value, tb, now)
     except BaseException:  # never let the evidence hide the user's own traceback (a signal mid-hook included)
         pass
     try:
@@ -179,7 +180,7 @@ def exception_record(
             "pid": os.getpid(), "mro": mro, "chain": chain, "problems": problems}  # fmt: skip
 
 
-def _record_exception(etype: type[BaseException], value: BaseException, tb: TracebackType | None, now: float) -> None:
+def record_exception(etype: type[BaseException], value: BaseException, tb: TracebackType | None, now: float) -> None:
     rank_dir = _state["rank_dir"]
     record = exception_record(etype, value, tb, now)
     _write_json(os.path.join(rank_dir, EXCEPTION_FILE), record)
@@ -319,7 +320,7 @@ def install(rank_dir: str, cpu_at_start: float | None = None) -> None:
         guard_stream("stdout")
         guard_stream("stderr")
     faulthandler.enable(file=sys.stderr, all_threads=True)
-    _mask_streams()
+    mask_streams()
     stacks_path = os.path.join(rank_dir, STACKS_FILE)
     # kept open for life; 0600 whatever the umask, as every file of the folder
     stacks: IO[str] = open(os.open(stacks_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, PRIVATE_FILE_MODE), "a")  # noqa: SIM115
@@ -345,7 +346,7 @@ def install(rank_dir: str, cpu_at_start: float | None = None) -> None:
     )
 
 
-def _mask_streams() -> None:
+def mask_streams() -> None:
     """The rank's stdout and stderr mask secrets as they are written (the job's own secret values and
     secrets of a known shape: :mod:`elastic_diag.redaction`), so that none reaches the stream files
     even when the launcher is killed before it masks them on exit."""
@@ -367,6 +368,15 @@ def _at_exit(b: beacon.Beacon) -> None:
 def install_from_env(cpu_at_start: float | None = None) -> None:
     rank_dir = os.environ.get(ENV_RANK_DIR)
     if not rank_dir:
+        spawn_dir = os.environ.get(ENV_SPAWN_DIR)
+        if spawn_dir:  # elastic-diag exec of a command whose children are the ranks
+            try:
+                from elastic_diag.worker import spawned
+
+                spawned.install(spawn_dir)
+            except Exception as e:
+                print(f"elastic_diag: the spawned ranks' hooks failed, their evidence will be partial: {e!r}",
+                      file=sys.stderr)  # fmt: skip
         return
     try:
         install(rank_dir, cpu_at_start)

@@ -28,6 +28,8 @@ import time
 from collections import deque
 from typing import Any
 
+from elastic_diag.worker import imports
+
 MAX_CALLS = 256
 MAX_GROUPS = 1024
 _OPS = ("broadcast", "reduce", "gather", "scatter", "send", "recv", "recv_anysource")
@@ -152,46 +154,17 @@ def install() -> bool:
     return True
 
 
-class _AfterImport:
-    """A finder that installs the wrappers the moment ``torch.distributed.distributed_c10d`` has been
-    executed (a script can call ``init_process_group`` and its first broadcast before the beacon's next
-    tick). It finds nothing itself: it asks the finders after it and wraps the loader's ``exec_module``."""
-
-    TARGET = "torch.distributed.distributed_c10d"
-
-    def find_spec(self, name: str, path: Any = None, target: Any = None) -> Any:
-        if name != self.TARGET:
-            return None
-        import importlib.machinery
-
-        for finder in sys.meta_path:
-            if finder is self or not hasattr(finder, "find_spec"):
-                continue
-            spec = finder.find_spec(name, path, target)
-            if spec is not None and spec.loader is not None and hasattr(spec.loader, "exec_module"):
-                loader = spec.loader
-
-                def exec_module(module: Any, run: Any = loader.exec_module) -> None:
-                    run(module)
-                    with contextlib.suppress(Exception):  # the import itself must never fail for the wrappers
-                        _remove_finder()
-                        install()
-
-                loader.exec_module = exec_module  # type: ignore[method-assign]
-                return spec if isinstance(spec, importlib.machinery.ModuleSpec) else None
-        return None
+TARGET = "torch.distributed.distributed_c10d"
 
 
-def _remove_finder() -> None:
-    sys.meta_path[:] = [f for f in sys.meta_path if not isinstance(f, _AfterImport)]
+def _install_after_import(_module: Any) -> None:
+    install()
 
 
 def install_on_import() -> None:
-    """Install now if torch.distributed is loaded, else as soon as it is (bootstrap, before the script)."""
-    if _AfterImport.TARGET in sys.modules:
-        install()
-    elif not any(isinstance(f, _AfterImport) for f in sys.meta_path):
-        sys.meta_path.insert(0, _AfterImport())
+    """Install now if torch.distributed is loaded, else the moment its c10d module has been executed (a
+    script can call ``init_process_group`` and its first broadcast before the beacon's next tick)."""
+    imports.when_imported(TARGET, _install_after_import)
 
 
 def installed() -> bool:
