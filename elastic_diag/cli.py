@@ -191,7 +191,14 @@ def _cmd_exec(args: argparse.Namespace) -> int:
         print(f"elastic-diag: error: --diag-grace {args.diag_grace:g}: must be between 0 and 3600 seconds",
               file=sys.stderr)  # fmt: skip
         return EXIT_USAGE
-    return run_exec(command, diag_dir=args.diag_dir, grace_s=args.diag_grace)
+    from elastic_diag.config import ENV_HANG_TIMEOUT, ENV_STALL_TIMEOUT, parse_hang_timeout
+
+    return run_exec(command, diag_dir=args.diag_dir, grace_s=args.diag_grace,
+                    hang_timeout_s=parse_hang_timeout(args.diag_hang_timeout or os.environ.get(ENV_HANG_TIMEOUT, ""),
+                                                      "--diag-hang-timeout"),
+                    stall_timeout_s=parse_hang_timeout(args.diag_stall_timeout
+                                                       or os.environ.get(ENV_STALL_TIMEOUT, ""),
+                                                       "--diag-stall-timeout"))  # fmt: skip
 
 
 def _yes_on_terminal() -> bool:
@@ -249,7 +256,8 @@ def get_parser() -> argparse.ArgumentParser:
     run_one = sub.add_parser(
         "exec",
         help="run one rank (started by srun, mpirun, a wrapper) under a watch: its evidence and the verdict",
-        usage="elastic-diag exec [--diag-dir DIR] [--diag-grace S] -- COMMAND ...",
+        usage="elastic-diag exec [--diag-dir DIR] [--diag-grace S] [--diag-hang-timeout T] [--diag-stall-timeout T] "
+        "-- COMMAND ...",
     )
     run_one.add_argument("--diag-dir", metavar="DIR",
                          help="the folder every rank writes into (default: $ELASTIC_DIAG_DIR, else one named by "
@@ -257,6 +265,12 @@ def get_parser() -> argparse.ArgumentParser:
     run_one.add_argument("--diag-grace", type=float, default=5.0, metavar="S",
                          help="after its rank failed, seconds the watch waits for the other ranks' evidence "
                          "before judging (default 5)")  # fmt: skip
+    run_one.add_argument("--diag-hang-timeout", metavar="auto|off|SECONDS",
+                         help="as torchrun-diag's: call a hang when no rank has made progress for this long, take "
+                         "the stacks, stop the ranks (default auto; env ELASTIC_DIAG_HANG_TIMEOUT)")  # fmt: skip
+    run_one.add_argument("--diag-stall-timeout", metavar="auto|off|SECONDS",
+                         help="as torchrun-diag's: a stall snapshot (stacks and flight recorders, nothing stopped) "
+                         "(default auto; env ELASTIC_DIAG_STALL_TIMEOUT)")  # fmt: skip
     run_one.add_argument("command", nargs=argparse.REMAINDER, help="the rank's command, after --")
     run_one.set_defaults(func=_cmd_exec)
     explain = sub.add_parser("explain", help="explain one failure signature")

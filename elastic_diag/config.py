@@ -102,6 +102,12 @@ def parse_termination_log(raw: object) -> Path | None:
     return Path(value).absolute()
 
 
+def progress_interval(hang_timeout_s: float | None, stall_timeout_s: float | None) -> float:
+    """Every :data:`PROGRESS_INTERVAL_S`, or a fifth of the shortest threshold the user set (at least 0.1 s)."""
+    fixed = [t for t in (hang_timeout_s, stall_timeout_s) if t]
+    return min([PROGRESS_INTERVAL_S, *(max(0.1, t / 5) for t in fixed)])
+
+
 def parse_hang_timeout(raw: str, source: str = "--diag-hang-timeout") -> float | None:  # and --diag-stall-timeout
     """``auto`` -> None (the automatic threshold), ``off`` -> 0.0, else seconds (> 0)."""
     value = raw.strip().lower()
@@ -276,8 +282,7 @@ class DiagConfig:
         costs a loaded host; ``benchmarks/launcher.py overhead``), more often under a short threshold the user
         set, so that a rank making progress always shows it well within the threshold. A dump request does
         not wait for the next tick (the agent wakes the beacon through its socket)."""
-        fixed = [t for t in (self.hang_timeout_s, self.stall_timeout_s) if t]
-        return min([PROGRESS_INTERVAL_S, *(max(0.1, t / 5) for t in fixed)])
+        return progress_interval(self.hang_timeout_s, self.stall_timeout_s)
 
     def writable_problem(self) -> str | None:
         """Create the diag dir (0700, with the parents it lacks: the evidence holds paths, command lines, hosts,

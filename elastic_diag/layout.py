@@ -84,6 +84,7 @@ ERROR_FILE = "error.json"  # torchelastic's own error-file format
 EXCEPTION_FILE = "exception.json"  # ours: precise time, type, message, class hierarchy, chain, traceback
 THREAD_EXCEPTION_FILE = "thread_exception.json"
 STACKS_FILE = "stacks.txt"
+TERM_STACKS_FILE = "stacks_at_sigterm.txt"  # elastic-diag exec: the stack a rank wrote when a launcher's SIGTERM hit it
 WORKER_FILE = "worker.json"
 PROGRESS_FILE = "progress.json"
 FR_FILE = "fr_trace.json"
@@ -106,6 +107,7 @@ EXITS_DIR = "exits"  # attempt_N/exits/<pid>.json: a spawned rank's exit, as the
 PARENT_DIR = "exec_parent"  # attempt_N/exec_parent/: the streams of a command whose children are the ranks
 _REPORT_SCHEMA = "elastic_diag.report/1"  # core/schema_ids.py's; layout reads an older report's facts
 STALL_MAX_BYTES = 1 << 20
+MAX_STALL_PARTS = 4096  # stall.<part>.json files read in one stall folder (a watch each under elastic-diag exec)
 STALL_FR_MAX_BYTES = 8 << 20  # a stall keeps a copy of each rank's flight recorder up to this size
 ENVIRONMENT_FILE = (
     "environment.json"  # attempt_N/: versions, memory, disks, ulimits, variables, GPUs at the first failure
@@ -151,6 +153,7 @@ def stall_dir_name(number: int) -> str:
 ENV_RANK_DIR = "ELASTIC_DIAG_RANK_DIR"  # the rank's folder (above): the bootstrap writes there
 ENV_BOOT_PATH = "ELASTIC_DIAG_BOOT_PATH"  # the bootstrap's folder put first on PYTHONPATH (removed in the rank)
 ENV_ATTEMPT = "ELASTIC_DIAG_ATTEMPT"
+ENV_STACK_ON_TERM = "ELASTIC_DIAG_STACK_ON_TERM"  # "1": the rank writes its stacks when SIGTERM reaches it (exec)
 ENV_SPAWN_DIR = "ELASTIC_DIAG_SPAWN_DIR"  # elastic-diag exec: the attempt folder a process joining a group writes into
 ENV_LAUNCHER_PID = "ELASTIC_DIAG_LAUNCHER_PID"  # the rank exits when this process dies (worker/bootstrap.py)
 ENV_RESUME_FROM = "ELASTIC_DIAG_RESUME_FROM"  # the restart gate: the newest verified checkpoint
@@ -516,9 +519,9 @@ def stack_file_size(rank_dir: Path) -> int:
         return 0
 
 
-def read_stack_since(rank_dir: Path, offset: int) -> str:
+def read_stack_since(rank_dir: Path, offset: int, name: str = STACKS_FILE) -> str:
     try:
-        with open(rank_dir / STACKS_FILE, "rb") as fp:
+        with open(rank_dir / name, "rb") as fp:
             fp.seek(offset)
             return fp.read(STACK_BYTES).decode("utf-8", errors="replace")
     except OSError:
@@ -581,31 +584,49 @@ def read_flight_record(rank_dir: Path, rank: int) -> tuple[RankRecord | None, st
 
 
 def read_stalls(attempt_dir: Path) -> tuple[StallRecord, ...]:
-    """The attempt's stall records (``stall_<K>/stall.json``) in order, each rank's stack from its snapshot."""
+    """The attempt's stall records (``stall_<K>/stall.json``) in order, each rank's stack from its snapshot. Under
+    ``elastic-diag exec`` each watch writes its part of a stall (``stall.<part>.json``, its own ranks): the parts
+    of one stall are merged into one record (the earliest start and detection, every part's ranks)."""
+    import dataclasses
+
     from elastic_diag.core.stacks import parse_stack_dump
     from elastic_diag.core.stall import stall_from_json
 
     found = []
     for folder in attempt_dir.glob("stall_*"):
         number = folder.name.removeprefix("stall_")
-        data = read_json(folder / STALL_FILE, STALL_MAX_BYTES) if number.isdigit() else None
-        if data is None:
+        if not number.isdigit():
             continue
-        stacks = {}
-        for entry in data.get("ranks") or ():
-            if isinstance(entry, dict) and isinstance(entry.get("rank"), int):
-                dump = parse_stack_dump(read_stack_since(folder / rank_dir_name(entry["rank"]), 0))
-                if dump is not None:
-                    stacks[entry["rank"]] = dump
-        record = stall_from_json(data, stacks)
-        if record is not None:
-            found.append(record)
+        parts = []
+        for path in sorted(folder.glob("stall*.json"))[:MAX_STALL_PARTS]:
+            data = read_json(path, STALL_MAX_BYTES)
+            if data is None:
+                continue
+            stacks = {}
+            for entry in data.get("ranks") or ():
+                if isinstance(entry, dict) and isinstance(entry.get("rank"), int):
+                    dump = parse_stack_dump(read_stack_since(folder / rank_dir_name(entry["rank"]), 0))
+                    if dump is not None:
+                        stacks[entry["rank"]] = dump
+            record = stall_from_json(data, stacks)
+            if record is not None:
+                parts.append(record)
+        if not parts:
+            continue
+        first = min(parts, key=lambda r: r.detected_at)
+        ranks = {r.rank: r for part in parts for r in part.ranks}
+        found.append(
+            dataclasses.replace(first, since=min(p.since for p in parts), ranks=tuple(ranks[k] for k in sorted(ranks)))
+            if len(parts) > 1
+            else first
+        )
     return tuple(sorted(found, key=lambda r: r.number))
 
 
 LAUNCHER_MAX_BYTES = 16 << 20
 DEFAULT_TAIL_LINES = 40
 STDOUT_TAIL_LINES = 10
+MATCH_TAIL_LINES = 400  # a rank's stderr lines searched for signatures (within TAIL_BYTES of its end)
 
 
 @dataclass(slots=True)
@@ -779,7 +800,15 @@ def _rank_evidence(
         stack_text = read_stack_since(rank_dir, offset)
     elif isinstance(facts.get("stack"), str):  # an older version's report.json kept the stack itself
         stack_text = facts["stack"]
-    stderr = read_tail(rank_dir / STDERR_FILE, tail_lines)
+    if not stack_text.strip() and facts.get("alive_at_decision") is not True:
+        # under elastic-diag exec, the stack the rank wrote itself when its launcher's SIGTERM reached it (srun
+        # and mpirun signal every process of a step at once, and may kill its watch before it asks)
+        stack_text = read_stack_since(rank_dir, 0, TERM_STACKS_FILE)
+    # the signatures are looked for further back than the tail shown: a cause printed just before a long
+    # traceback (a DataLoader worker's "Unexpected segmentation fault encountered in worker." above the
+    # ConnectionResetError its death caused in the main process) is the rank's own evidence
+    window = read_tail(rank_dir / STDERR_FILE, max(tail_lines, MATCH_TAIL_LINES))
+    stderr = window[-tail_lines:] if tail_lines > 0 else ()
     stdout = read_tail(rank_dir / STDOUT_FILE, STDOUT_TAIL_LINES)
     local = as_count(facts.get("local_rank"))
     return RankEvidence(
@@ -796,7 +825,7 @@ def _rank_evidence(
         stderr_tail=stderr,
         stdout_tail=stdout,
         lines=tuple(
-            _lines_of(stderr, taxonomy, 0, STDERR_FILE) + _lines_of(stdout, taxonomy, len(stderr), STDOUT_FILE)
+            _lines_of(window, taxonomy, 0, STDERR_FILE) + _lines_of(stdout, taxonomy, len(window), STDOUT_FILE)
         ),
         stack=parse_stack_dump(stack_text) if stack_text else None,
         evidence_dir=str(rank_dir),

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 
+import launcher_parity
 import parity
 import pytest
 from hypothesis import settings
@@ -19,6 +20,7 @@ def pytest_sessionstart(session: pytest.Session) -> None:
     """The parity records (parity.py) of an earlier session are removed, once (by the xdist controller)."""
     if not hasattr(session.config, "workerinput"):
         parity.clear()
+        launcher_parity.clear()
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -43,6 +45,11 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, config: p
             terminalreporter.write_line(line)
     if not hasattr(config, "workerinput"):
         _parity_summary(terminalreporter)
+        lines = launcher_parity.table(launcher_parity.load())
+        if lines:
+            terminalreporter.section("launcher parity: one failure under torchrun-diag, srun, mpirun, mp.spawn")
+            for line in lines:
+                terminalreporter.write_line(line)
 
 
 def family_lines(scores: list[list[object]]) -> list[str]:

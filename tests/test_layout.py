@@ -212,3 +212,47 @@ def test_read_attempt_and_the_verdict_never_raise_on_what_a_folder_holds(tmp_pat
     read = read_attempt(attempt)
     assert {ev.rank for ev in read.evidence.ranks} == {0, 1}
     assert classify_attempt(read.evidence).failure_class
+
+
+def _one_rank(tmp_path, stderr: str, exception: dict | None, launcher: dict) -> object:
+    attempt = tmp_path / "attempt_0"
+    (attempt / "rank_1").mkdir(parents=True)
+    (attempt / "rank_1" / "stderr.log").write_text(stderr)
+    if exception is not None:
+        (attempt / "rank_1" / "exception.json").write_text(json.dumps(exception))
+    (attempt / "rank_1" / "launcher.json").write_text(json.dumps({"schema": "elastic_diag.launcher/1", "attempt": 0,
+                                                                  "decided_at": 20.0, "rank": launcher}))
+    return attempt
+
+
+def test_a_cause_printed_above_a_long_traceback_is_the_ranks_evidence(tmp_path):
+    """A DataLoader worker segfaults while the main process receives a batch from it: the main process raises
+    ConnectionResetError from deep in multiprocessing (a traceback of 40+ lines); the worker's own last words,
+    above that traceback, name the failure (measured under mpirun: tests/launch/test_exec_parity.py)."""
+    from elastic_diag.core.classify import classify_attempt
+    from elastic_diag.layout import read_attempt
+
+    frames = "".join(f'[rank1]:   File "/usr/lib/python3.11/multiprocessing/connection.py", line {n}, in _recv\n'
+                     f"[rank1]:     chunk = read(handle, remaining)\n" for n in range(25))  # fmt: skip
+    stderr = ("UserWarning: This DataLoader will create 2 worker processes in total.\n"
+              "ERROR: Unexpected segmentation fault encountered in worker.\n"
+              "[rank1]: Traceback (most recent call last):\n" + frames +
+              "[rank1]: ConnectionResetError: [Errno 104] Connection reset by peer\n")  # fmt: skip
+    attempt = _one_rank(tmp_path, stderr, {"type": "ConnectionResetError", "message": "[Errno 104] Connection reset "
+                        "by peer", "traceback": "", "time": 10.0, "mro": ["ConnectionResetError", "ConnectionError",
+                        "OSError", "Exception"]}, {"rank": 1, "exit_code": 1, "exit_time": 10.5})  # fmt: skip
+    d = classify_attempt(read_attempt(attempt).evidence)
+    assert (d.initiating_rank, d.failure_class, d.signature_id) == (1, "segfault", "dataloader-worker-died"), d
+
+
+def test_the_stack_a_rank_wrote_at_sigterm_is_its_stack_when_no_launcher_took_one(tmp_path):
+    """elastic-diag exec: srun and mpirun SIGTERM every process of a step at once and may SIGKILL the watch
+    before it asks for a stack; the rank wrote its own (stacks_at_sigterm.txt)."""
+    from elastic_diag.layout import read_attempt
+
+    attempt = _one_rank(tmp_path, "", None, {"rank": 1, "exit_code": -15, "exit_time": 10.5,
+                                             "stopped_by_agent": True})  # fmt: skip
+    (attempt / "rank_1" / "stacks.txt").write_text("")
+    (attempt / "rank_1" / "stacks_at_sigterm.txt").write_text(STACK)
+    ev = read_attempt(attempt).evidence.ranks[0]
+    assert ev.stack is not None and str(ev.stack.user_frame()) == "/job/train.py:77 in fetch"

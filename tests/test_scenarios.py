@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import launcher_parity
 import pytest
 from helpers import ROOT, launch, torchrun_diag
 
@@ -323,6 +324,7 @@ def test_scenario(tmp_path: Path, scenario: Scenario) -> None:
     report = run.report
     d = report["diagnosis"]
     got = (d["initiating_rank"], d["failure_class"])
+    launcher_parity.record(_id(scenario), "torchrun-diag", d, report["status"], (scenario.culprit, scenario.cls))
     assert got == (scenario.culprit, scenario.cls) or got in scenario.also, (d, run.stderr[-3000:])
     if scenario.exception_type is not ANY:
         assert d["exception_type"] == scenario.exception_type, d

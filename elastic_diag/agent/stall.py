@@ -86,8 +86,10 @@ class StallSnapshots:
         warn: Callable[[dict[str, Any]], None],
         clock: Clock = time.time,
         monotonic: Clock = time.monotonic,
+        record_file: str = STALL_FILE,
     ) -> None:
         self.attempt_dir = attempt_dir
+        self.record_file = record_file  # stall.json; one part a watch under elastic-diag exec (read_stalls merges)
         self.attempt = attempt
         self.targets = targets
         self.node = node
@@ -222,7 +224,7 @@ class StallSnapshots:
         data = stall_to_json(record)
         data["files"] = {str(r.rank): sorted(p.name for p in (folder / rank_dir_name(r.rank)).glob("*"))
                          for r in record.ranks if (folder / rank_dir_name(r.rank)).is_dir()}  # fmt: skip
-        write_json_atomic(folder / STALL_FILE, data)
+        write_json_atomic(folder / self.record_file, data)
 
     def in_order(self) -> tuple[StallRecord, ...]:
         with self._lock:

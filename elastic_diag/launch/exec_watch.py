@@ -28,6 +28,7 @@ code, and a line says why. The watch imports no torch.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -38,12 +39,17 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import IO, Any
 
-from elastic_diag.config import DEFAULT_RUNS_DIR, DEFAULT_TAIL_LINES, ENV_DIAG_DIR, host_name
+from elastic_diag.agent.health import HangAlarm
+from elastic_diag.config import DEFAULT_RUNS_DIR, DEFAULT_TAIL_LINES, ENV_DIAG_DIR, host_name, progress_interval
+from elastic_diag.launch.exec_health import ExecHealth
 from elastic_diag.launch.rank_env import RankPlace, job_name, rank_from_env
 from elastic_diag.layout import (
+    ENV_BEACON,
     ENV_BOOT_PATH,
     ENV_LAUNCHER_PID,
+    ENV_PROGRESS_INTERVAL,
     ENV_RANK_DIR,
+    ENV_STACK_ON_TERM,
     ENV_TORCHELASTIC_ERROR_FILE,
     ERROR_FILE,
     LAUNCHER_FILE,
@@ -51,6 +57,7 @@ from elastic_diag.layout import (
     REPORT_FILE,
     STDERR_FILE,
     STDOUT_FILE,
+    RankLayout,
     attempt_dir_name,
     claim_rank_dir,
     create_private_file,
@@ -63,6 +70,7 @@ from elastic_diag.layout import (
 BOOT_DIR = str(Path(__file__).resolve().parents[1] / "worker" / "_boot")
 DEFAULT_GRACE_S = 5.0
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+FORWARD_DELAY_S = 0.3  # a signal the rank got itself (the launcher's, to the whole step) is not sent twice
 _CHUNK = 1 << 16
 
 
@@ -87,6 +95,14 @@ def run_unwatched(command: Sequence[str], why: str) -> int:
         return 127
 
 
+def _running(pid: int) -> bool:
+    """Alive and not a zombie (``/proc``)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(") ", 1)[1][:1] not in ("Z", "X")
+    except (OSError, IndexError):
+        return False
+
+
 def _exit_status(code: int) -> int:
     return code if code >= 0 else 128 - code  # a signal: the shell's 128 + N
 
@@ -96,8 +112,12 @@ class Watch:
     signals to it, record its end. :class:`RankWatch` watches one rank; :class:`~elastic_diag.launch.spawn_watch.
     SpawnWatch` a command whose children are the ranks."""
 
-    def __init__(self, command: Sequence[str], diag_dir: Path, grace_s: float, env: Mapping[str, str]) -> None:
+    def __init__(self, command: Sequence[str], diag_dir: Path, grace_s: float, env: Mapping[str, str], *,
+                 hang_timeout_s: float | None = None, stall_timeout_s: float | None = None) -> None:  # fmt: skip
         self.command = list(command)
+        self.hang_timeout_s = hang_timeout_s
+        self.stall_timeout_s = stall_timeout_s
+        self.hang: dict[str, Any] | None = None  # the health monitor's alarm, when the watch stopped its ranks
         self.diag_dir = diag_dir
         self.attempt_dir = diag_dir / attempt_dir_name(0)
         self.grace_s = grace_s
@@ -111,6 +131,11 @@ class Watch:
     def boot_env(self) -> dict[str, str]:
         """The environment with the worker bootstrap first on PYTHONPATH."""
         env = dict(self.env)
+        if self.hang_timeout_s != 0 or self.stall_timeout_s != 0:  # the user's own variables win
+            env.setdefault(ENV_PROGRESS_INTERVAL, f"{progress_interval(self.hang_timeout_s, self.stall_timeout_s):g}")
+        else:  # neither a hang verdict nor a stall snapshot: nothing reads the ranks' progress
+            env.setdefault(ENV_BEACON, "0")
+        env[ENV_STACK_ON_TERM] = "1"
         env[ENV_BOOT_PATH] = BOOT_DIR
         env["PYTHONPATH"] = os.pathsep.join(p for p in (BOOT_DIR, self.env.get("PYTHONPATH", "")) if p)
         return env
@@ -136,11 +161,41 @@ class Watch:
         self.previous = {}
 
     def _forward(self, signum: int, _frame: Any) -> None:
-        if self.proc is not None and self.proc.poll() is None:
+        """Passed on to the rank, unless the signal reached it too: srun and mpirun signal every process of a step
+        together, and a second SIGTERM would cut short the stacks the rank writes on the first
+        (``ENV_STACK_ON_TERM``). So the watch gives it :data:`FORWARD_DELAY_S` to end by itself first."""
+        proc = self.proc
+        if proc is not None and proc.poll() is None:
             self.stopped_by = signum
-            self.proc.send_signal(signum)
+
+            def forward() -> None:
+                deadline = time.monotonic() + FORWARD_DELAY_S
+                while time.monotonic() < deadline and proc.poll() is None:
+                    time.sleep(0.01)
+                if proc.poll() is None:
+                    with contextlib.suppress(OSError):
+                        proc.send_signal(signum)
+
+            threading.Thread(target=forward, name="elastic-diag-forward", daemon=True).start()
         else:
             self.cut_short = True  # the command has ended: judge now, before the launcher's SIGKILL
+
+    def stop_later(self, pids: Sequence[int]) -> None:
+        """SIGTERM to each process now, SIGKILL to those still alive after the grace period (a hang verdict)."""
+        for pid in pids:
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGTERM)
+
+        def kill() -> None:
+            deadline = time.monotonic() + max(self.grace_s, 1.0)
+            while time.monotonic() < deadline and any(_running(p) for p in pids):
+                time.sleep(0.1)
+            for pid in pids:
+                if _running(pid):
+                    with contextlib.suppress(OSError):
+                        os.kill(pid, signal.SIGKILL)
+
+        threading.Thread(target=kill, name="elastic-diag-stop", daemon=True).start()
 
     def _tee(self, source: IO[bytes], path: Path, console: Any) -> threading.Thread:
         def copy() -> None:
@@ -166,10 +221,30 @@ class RankWatch(Watch):
     """The watch of one rank: starts it, tees its streams, forwards signals, records its end."""
 
     def __init__(self, command: Sequence[str], place: RankPlace, diag_dir: Path, grace_s: float,
-                 env: Mapping[str, str]) -> None:  # fmt: skip
-        super().__init__(command, diag_dir, grace_s, env)
+                 env: Mapping[str, str], **thresholds: float | None) -> None:  # fmt: skip
+        super().__init__(command, diag_dir, grace_s, env, **thresholds)
         self.place = place
         self.rank_dir = self.attempt_dir / rank_dir_name(place.rank)
+        self.ended = False
+        self.health = ExecHealth(attempt_dir=self.attempt_dir, node=self.node, part=rank_dir_name(place.rank),
+                                 hang_timeout_s=self.hang_timeout_s, stall_timeout_s=self.stall_timeout_s,
+                                 ranks=self._live, world=lambda: place.world_size,
+                                 exited=lambda: self.reported_ranks() | ({place.rank} if self.ended else set()),
+                                 on_hang=self._hang)  # fmt: skip
+
+    def _live(self) -> dict[int, tuple[int, RankLayout]]:
+        if self.proc is None or self.proc.poll() is not None:
+            return {}
+        local = self.place.local_rank if self.place.local_rank is not None else 0
+        return {self.place.rank: (self.proc.pid, RankLayout(self.place.rank, local, self.rank_dir))}
+
+    def _hang(self, alarm: HangAlarm) -> None:
+        self.hang = alarm.to_json()
+        _say(f"rank {self.place.rank}: no rank has made progress for {alarm.stalled_s:.0f} s ({alarm.reason}): "
+             "its stacks are taken, it is stopped")  # fmt: skip
+        if self.proc is not None and self.proc.poll() is None:
+            self.stopped_by = signal.SIGTERM
+            self.stop_later([self.proc.pid])
 
     def prepare(self) -> None:
         """The rank's folder, claimed for this watch (:func:`claim_rank_dir`). A second watch with the same rank
@@ -195,23 +270,28 @@ class RankWatch(Watch):
         tees = self.start(self.child_env(), self.rank_dir / STDOUT_FILE, self.rank_dir / STDERR_FILE)
         if tees is None or self.proc is None:
             return 127
+        self.health.start()
         code = self.proc.wait()
         exit_time = time.time()
+        self.ended = True
+        self.health.stop()
+        self.record_end(code, exit_time)  # first: a launcher that stops the step SIGKILLs the watch soon after
         for t in tees:
             t.join(timeout=5)
-        self.record_end(code, exit_time)
+        self.health.finish(failed=code != 0, began=exit_time if code != 0 else None)
         return code
 
     def record_end(self, code: int, exit_time: float) -> None:
         """This rank's launcher.json: what a launcher saw of it, the file ``read_attempt`` reads."""
+        offset = self.health.stack_offsets.get(self.place.rank)
         record = {
             "schema": LAUNCHER_SCHEMA, "attempt": 0, "run_id": self.diag_dir.name, "node": self.node,
-            "decided_at": exit_time, "hang": None, "tail_lines": DEFAULT_TAIL_LINES,
+            "decided_at": exit_time, "hang": self.hang, "tail_lines": DEFAULT_TAIL_LINES,
             "launcher": f"elastic-diag exec ({self.place.launcher})",
             "rank": {"rank": self.place.rank, "local_rank": self.place.local_rank,
                      "pid": self.proc.pid if self.proc else None, "exit_code": code, "exit_time": exit_time,
                      "alive_at_decision": False, "stopped_by_agent": self.stopped_by is not None and code != 0,
-                     "kernel": None, "stack_offset": None, "node": self.node},
+                     "kernel": None, "stack_offset": offset, "node": self.node},
         }  # fmt: skip
         write_json_atomic(self.rank_dir / LAUNCHER_FILE, record, indent=None)
 
@@ -238,11 +318,33 @@ class RankWatch(Watch):
         """Every rank's evidence on disk judged by the core's rules (:func:`judge_attempt`); None while this
         healthy rank's peers still run."""
         return judge_attempt(self.diag_dir, self.place.world_size, self.node,
-                             [f"started by {self.place.launcher} through elastic-diag exec"])  # fmt: skip
+                             [f"started by {self.place.launcher} through elastic-diag exec"],
+                             warnings=self.health.warnings)  # fmt: skip
 
 
-def judge_attempt(diag_dir: Path, size: int | None, node: str, notes: list[str], *,
-                  command_failed: bool = False) -> dict[str, Any] | None:  # fmt: skip
+SUMMARY_CLAIM = "summary.printed"  # the diag dir: the watch that printed the verdict's summary (one per job)
+
+
+def print_once(report: dict[str, Any], diag_dir: Path) -> bool:
+    """The verdict's summary on this watch's console, unless another watch of the job printed it already (srun
+    and mpirun merge every task's output into one console): the first watch to judge a failure prints it, so a
+    watch the launcher kills before it judges (srun's and mpirun's teardown) leaves the summary to another."""
+    try:
+        fd = os.open(diag_dir / SUMMARY_CLAIM, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+    except FileExistsError:
+        return False
+    except OSError:
+        pass  # a diag dir that takes no more files: print anyway
+    else:
+        os.close(fd)
+    from elastic_diag.report.summary import print_summary
+
+    print_summary(report, str(diag_dir / REPORT_FILE))
+    return True
+
+
+def judge_attempt(diag_dir: Path, size: int | None, node: str, notes: list[str], *, command_failed: bool = False,
+                  warnings: Sequence[dict[str, Any]] = ()) -> dict[str, Any] | None:  # fmt: skip
     """Every rank's evidence under ``diag_dir/attempt_0`` judged by the core's rules, written to report.json and
     report.html; the report, or None when there is nothing to add yet (healthy so far, and ranks of a world of
     ``size`` still running). ``command_failed``: the watched command itself failed (a parent of the ranks): the
@@ -271,14 +373,15 @@ def judge_attempt(diag_dir: Path, size: int | None, node: str, notes: list[str],
                      "not shared, or a task that never started)")  # fmt: skip
     record = AttemptRecord(evidence=evidence, diagnosis=diagnosis, status=status, final=True)
     report = build_report(run_id=diag_dir.name, status=status, attempts=[record], diag_dir=str(diag_dir),
-                          node=node, notes=[*notes, *read.problems])  # fmt: skip
+                          node=node, notes=[*notes, *read.problems], warnings=warnings)  # fmt: skip
     write_report(diag_dir / REPORT_FILE, report)
     write_html(diag_dir, report)
     return report
 
 
 def run_exec(command: Sequence[str], *, diag_dir: str | None = None, grace_s: float = DEFAULT_GRACE_S,
-             env: Mapping[str, str] | None = None) -> int:  # fmt: skip
+             env: Mapping[str, str] | None = None, hang_timeout_s: float | None = None,
+             stall_timeout_s: float | None = None) -> int:  # fmt: skip
     """``elastic-diag exec``: the command's own exit status, whatever the diagnosis does."""
     env = os.environ if env is None else env
     if not command:
@@ -288,7 +391,8 @@ def run_exec(command: Sequence[str], *, diag_dir: str | None = None, grace_s: fl
     if place is None:
         from elastic_diag.launch.spawn_watch import run_spawn_watch
 
-        return run_spawn_watch(command, diag_dir=diag_dir, grace_s=grace_s, env=env)
+        return run_spawn_watch(command, diag_dir=diag_dir, grace_s=grace_s, env=env, hang_timeout_s=hang_timeout_s,
+                               stall_timeout_s=stall_timeout_s)  # fmt: skip
     folder = shared_diag_dir(diag_dir, env)
     if folder is None:
         why = (
@@ -296,7 +400,8 @@ def run_exec(command: Sequence[str], *, diag_dir: str | None = None, grace_s: fl
             "can write (nothing in the environment names the job)"
         )
         return run_unwatched(command, why)
-    watch = RankWatch(command, place, folder, grace_s, env)
+    watch = RankWatch(command, place, folder, grace_s, env, hang_timeout_s=hang_timeout_s,
+                      stall_timeout_s=stall_timeout_s)  # fmt: skip
     try:
         watch.prepare()
     except OSError as e:
@@ -314,11 +419,7 @@ def run_exec(command: Sequence[str], *, diag_dir: str | None = None, grace_s: fl
                  "judges the evidence again")  # fmt: skip
             return _exit_status(code)
         if report is not None and report["status"] != "succeeded":
-            named = report["diagnosis"].get("initiating_rank")
-            if named == place.rank or (named is None and place.rank == 0):
-                from elastic_diag.report.summary import print_summary
-
-                print_summary(report, str(folder / REPORT_FILE))
+            print_once(report, folder)
         return _exit_status(code)
     finally:
         watch.restore_signals()

@@ -26,8 +26,18 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from elastic_diag.agent.health import HangAlarm
 from elastic_diag.config import DEFAULT_TAIL_LINES, ENV_DIAG_DIR, default_diag_dir
-from elastic_diag.launch.exec_watch import _CHUNK, Watch, _exit_status, _say, judge_attempt, run_unwatched
+from elastic_diag.launch.exec_health import ExecHealth
+from elastic_diag.launch.exec_watch import (
+    _CHUNK,
+    Watch,
+    _exit_status,
+    _say,
+    judge_attempt,
+    print_once,
+    run_unwatched,
+)
 from elastic_diag.launch.rank_env import LOOKED_FOR
 from elastic_diag.layout import (
     ENV_SPAWN_DIR,
@@ -36,11 +46,12 @@ from elastic_diag.layout import (
     LAUNCHER_FILE,
     LAUNCHER_SCHEMA,
     PARENT_DIR,
-    REPORT_FILE,
     STDERR_FILE,
     STDOUT_FILE,
+    RankLayout,
     create_private_file,
     make_private_dir,
+    rank_dir_name,
     read_json,
     write_json_atomic,
 )
@@ -107,10 +118,37 @@ class RankEcho:
 class SpawnWatch(Watch):
     """The watch of a command whose children are the ranks."""
 
-    def __init__(self, command: Sequence[str], diag_dir: Path, grace_s: float, env: Mapping[str, str]) -> None:
-        super().__init__(command, diag_dir, grace_s, env)
+    def __init__(self, command: Sequence[str], diag_dir: Path, grace_s: float, env: Mapping[str, str],
+                 **thresholds: float | None) -> None:  # fmt: skip
+        super().__init__(command, diag_dir, grace_s, env, **thresholds)
         self.parent_dir = self.attempt_dir / PARENT_DIR
         self.created = not diag_dir.exists()
+        self.stopped_ranks: set[int] = set()  # stopped by this watch (a hang)
+        self.health = ExecHealth(attempt_dir=self.attempt_dir, node=self.node, part="spawned",
+                                 hang_timeout_s=self.hang_timeout_s, stall_timeout_s=self.stall_timeout_s,
+                                 ranks=self._live, world=self.world_size, exited=self._exited,
+                                 on_hang=self._hang)  # fmt: skip
+
+    def _live(self) -> dict[int, tuple[int, RankLayout]]:
+        live = {}
+        for rank, joined in joined_ranks(self.attempt_dir).items():
+            pid = joined.get("pid")
+            if isinstance(pid, int) and _alive(pid):
+                local = joined.get("local_rank")
+                live[rank] = (pid, RankLayout(rank, local if isinstance(local, int) else rank,
+                                              self.attempt_dir / rank_dir_name(rank)))  # fmt: skip
+        return live
+
+    def _exited(self) -> set[int]:
+        return {r for r, j in joined_ranks(self.attempt_dir).items() if not _alive(j.get("pid"))}
+
+    def _hang(self, alarm: HangAlarm) -> None:
+        self.hang = alarm.to_json()
+        live = self._live()
+        _say(f"no rank has made progress for {alarm.stalled_s:.0f} s ({alarm.reason}): the stacks of rank(s) "
+             f"{sorted(live)} are taken, they are stopped")  # fmt: skip
+        self.stopped_ranks.update(live)
+        self.stop_later([pid for pid, _ in live.values()])
 
     def prepare(self) -> None:
         make_private_dir(self.parent_dir)
@@ -129,9 +167,11 @@ class SpawnWatch(Watch):
             return 127
         echo = RankEcho(self.attempt_dir)
         echo.thread.start()
+        self.health.start()
         code = self.proc.wait()
         exit_time = time.time()
         self.wait_for_children()
+        self.health.finish(failed=code != 0, began=exit_time if code != 0 else None)
         for t in tees:
             t.join(timeout=2)  # a child that never joined a group may still hold the pipes
         echo.finish()
@@ -159,10 +199,14 @@ class SpawnWatch(Watch):
                 exit_code, when = record.get("exit_code"), record.get("time")
                 stopped = record.get("signalled_by_parent") is not None and exit_code != 0
                 offset = record.get("stack_offset")
+            if rank in self.stopped_ranks and exit_code != 0:
+                stopped = True
+            if rank in self.health.stack_offsets:
+                offset = self.health.stack_offsets[rank]
             alive = exit_code is None and _alive(pid)
             write_json_atomic(self.attempt_dir / f"rank_{rank}" / LAUNCHER_FILE, {
                 "schema": LAUNCHER_SCHEMA, "attempt": 0, "run_id": self.diag_dir.name, "node": self.node,
-                "decided_at": time.time(), "hang": None, "tail_lines": DEFAULT_TAIL_LINES,
+                "decided_at": time.time(), "hang": self.hang, "tail_lines": DEFAULT_TAIL_LINES,
                 "launcher": "elastic-diag exec (children of the command)",
                 "rank": {"rank": rank, "local_rank": joined.get("local_rank"), "pid": pid, "exit_code": exit_code,
                          "exit_time": when, "alive_at_decision": alive, "stopped_by_agent": stopped,
@@ -206,11 +250,12 @@ def _alive(pid: object) -> bool:
         return True
 
 
-def run_spawn_watch(command: Sequence[str], *, diag_dir: str | None, grace_s: float, env: Mapping[str, str]) -> int:
+def run_spawn_watch(command: Sequence[str], *, diag_dir: str | None, grace_s: float, env: Mapping[str, str],
+                    hang_timeout_s: float | None = None, stall_timeout_s: float | None = None) -> int:  # fmt: skip
     """The command as the parent of its ranks; its own exit status whatever the diagnosis does."""
     given = diag_dir or env.get(ENV_DIAG_DIR)
     folder = Path(given).absolute() if given else default_diag_dir(environ=env)
-    watch = SpawnWatch(command, folder, grace_s, env)
+    watch = SpawnWatch(command, folder, grace_s, env, hang_timeout_s=hang_timeout_s, stall_timeout_s=stall_timeout_s)
     try:
         watch.prepare()
     except OSError as e:
@@ -222,14 +267,13 @@ def run_spawn_watch(command: Sequence[str], *, diag_dir: str | None, grace_s: fl
         if not joined_ranks(watch.attempt_dir):
             return _nothing_joined(watch, code)
         try:
-            report = judge_attempt(folder, None, watch.node, watch.notes(code), command_failed=code != 0)
+            report = judge_attempt(folder, None, watch.node, watch.notes(code), command_failed=code != 0,
+                                   warnings=watch.health.warnings)  # fmt: skip
         except Exception as e:  # noqa: BLE001 - the job's result comes first: say it, keep its exit status
             _say(f"the verdict could not be written ({e!r}); `elastic-diag report {folder}` judges the evidence again")
             return _exit_status(code)
         if report is not None and (report["status"] != "succeeded" or code != 0):
-            from elastic_diag.report.summary import print_summary
-
-            print_summary(report, str(folder / REPORT_FILE))
+            print_once(report, folder)
         return _exit_status(code)
     finally:
         watch.restore_signals()

@@ -56,9 +56,11 @@ from elastic_diag.layout import (
     ENV_NO_TORCH_HOOKS,
     ENV_RANK_DIR,
     ENV_SPAWN_DIR,
+    ENV_STACK_ON_TERM,
     EXCEPTION_FILE,
     PRIVATE_FILE_MODE,
     STACKS_FILE,
+    TERM_STACKS_FILE,
     THREAD_EXCEPTION_FILE,
     WORKER_FILE,
     make_private_dir,
@@ -327,6 +329,13 @@ def install(rank_dir: str, cpu_at_start: float | None = None) -> None:
     os.fchmod(stacks.fileno(), PRIVATE_FILE_MODE)
     _state["stacks_file"] = stacks
     faulthandler.register(DUMP_SIGNAL, file=stacks, all_threads=True, chain=False)
+    if os.environ.pop(ENV_STACK_ON_TERM, "") == "1":  # elastic-diag exec: srun / mpirun stop a step with SIGTERM
+        term_path = os.path.join(rank_dir, TERM_STACKS_FILE)
+        term: IO[str] = open(os.open(term_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, PRIVATE_FILE_MODE), "a")  # noqa: SIM115
+        _state["term_file"] = term
+        # from C, then the signal's previous action (the default: the rank ends by SIGTERM as before); a handler
+        # the script installs later replaces this one
+        faulthandler.register(signal.SIGTERM, file=term, all_threads=True, chain=True)
     sys.excepthook = _excepthook
     threading.excepthook = _thread_excepthook
     b = beacon.start(rank_dir, stacks)

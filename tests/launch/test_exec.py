@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import stat
 import subprocess
 import sys
@@ -14,9 +13,9 @@ import time
 from pathlib import Path
 
 import pytest
-from slurm_cluster import free_port, running_cluster
+from slurm_cluster import free_port
 
-from elastic_diag.launch.rank_env import LOOKED_FOR, RankPlace, job_name, rank_from_env
+from elastic_diag.launch.rank_env import RankPlace, job_name, rank_from_env
 from elastic_diag.report.schema import validate
 
 EXEC = [sys.executable, "-m", "elastic_diag.cli", "exec"]
@@ -104,7 +103,7 @@ def _finish(procs: list[subprocess.Popen[str]], timeout: float) -> list[tuple[in
 def test_three_ranks_under_watches_name_the_rank_that_raised(tmp_path):
     """Each watch keeps its rank's evidence in the torchrun-diag layout and its exit status; the verdict across
     ranks comes from the same rules: rank 1 raised KeyError, ranks 0 and 2 failed waiting for it; the summary
-    is printed once, by rank 1's watch."""
+    is printed once, by the first watch to judge."""
     diag = tmp_path / "diag"
     results = _finish(_start_ranks(tmp_path, 3, {"FAIL": "exception"}, "--diag-dir", str(diag)), 100)
     assert [code for code, _, _ in results] == [1, 1, 1], results
@@ -115,8 +114,8 @@ def test_three_ranks_under_watches_name_the_rank_that_raised(tmp_path):
         "failed", "python_exception", 1, "KeyError"), d  # fmt: skip
     roles = {r["rank"]: r["role"] for r in report["ranks"]}
     assert roles == {0: "collateral", 1: "initiating", 2: "collateral"}, roles
-    summaries = [i for i, (_, _, err) in enumerate(results) if "elastic_diag: job FAILED" in err]
-    assert summaries == [1], [err[-800:] for _, _, err in results]
+    summaries = [err for _, _, err in results if "elastic_diag: job FAILED" in err]  # the first watch to judge
+    assert len(summaries) == 1 and "job FAILED: initiating rank 1" in summaries[0], [e[-800:] for _, _, e in results]
     assert "rank 1 step 2" in results[1][1] and "KeyError: 'shard-3'" in results[1][2]  # the console still has it
     for rank in range(3):
         folder = diag / "attempt_0" / f"rank_{rank}"
@@ -158,70 +157,6 @@ def test_the_watch_imports_no_torch(tmp_path):
     p = subprocess.run([sys.executable, "-c", code, str(tmp_path / "d")], env={**os.environ, "RANK": "0"},
                        capture_output=True, text=True, timeout=60, check=False)  # fmt: skip
     assert p.stdout.split() == ["0", "False"], p
-
-
-@pytest.mark.multiprocess
-@pytest.mark.timeout(240)
-def test_srun_on_two_nodes_each_task_under_a_watch(tmp_path):
-    """`srun -N2 -n2 --kill-on-bad-exit=1 elastic-diag exec -- python job.py` on a real two-node Slurm: the
-    default diag dir is named by the job and step in the shared working directory, each task writes its own
-    rank's folder, rank 1's KeyError is the verdict, and the step's exit is the task's."""
-    work = tmp_path / "work"
-    work.mkdir()
-    (work / "job.py").write_text(JOB)
-    with running_cluster(nodes=2) as slurm:
-        script = tmp_path / "job.sh"
-        script.write_text(f"""#!/bin/bash
-export OMP_NUM_THREADS=1 FAIL=exception MASTER_ADDR=127.0.0.1 MASTER_PORT={free_port()}
-srun -N2 -n2 --kill-on-bad-exit=1 {sys.executable} -m elastic_diag.cli exec -- {sys.executable} job.py
-echo "srun exit $?"
-""")
-        script.chmod(0o755)
-        out = tmp_path / "job.out"
-        job = slurm.sbatch(script, "-N2", "-o", str(out), cwd=work)
-        slurm.wait_state(job, {"COMPLETED", "FAILED", "CANCELLED"}, 180)
-        deadline = time.monotonic() + 30
-        while "srun exit" not in (out.read_text() if out.exists() else "") and time.monotonic() < deadline:
-            time.sleep(0.2)
-        text = out.read_text()
-        diag = work / "elastic_diag_runs" / f"slurm-{job}.0"
-        assert (diag / "report.json").is_file(), text[-3000:] + slurm.logs()
-        report = json.loads((diag / "report.json").read_text())
-        validate(report)
-        d = report["diagnosis"]
-        want = ("python_exception", 1, "KeyError")
-        assert (d["failure_class"], d["initiating_rank"], d["exception_type"]) == want, d
-        nodes = {json.loads((diag / "attempt_0" / f"rank_{r}" / "launcher.json").read_text())["node"] for r in (0, 1)}
-        assert nodes == {"node0", "node1"}, nodes  # Slurm's node names: one task on each
-        assert "srun exit 1" in text and "elastic_diag: job FAILED" in text, text[-3000:]
-
-
-@pytest.mark.multiprocess
-@pytest.mark.timeout(120)
-def test_mpirun_each_rank_under_a_watch(tmp_path):
-    """`mpirun -np 3 elastic-diag exec -- python job.py` (Debian's Open MPI): the ranks from OMPI_COMM_WORLD_*,
-    the diag dir named by Open MPI's job id, rank 1's KeyError the verdict, mpirun's exit 1."""
-    mpirun = shutil.which("mpirun")
-    if mpirun is None:
-        if os.environ.get("ELASTIC_DIAG_REQUIRE_MPI") == "1":
-            pytest.fail("ELASTIC_DIAG_REQUIRE_MPI=1 but mpirun is missing (apt-get install openmpi-bin)")
-        pytest.skip("Open MPI is not installed (apt-get install openmpi-bin)")
-    (tmp_path / "job.py").write_text(JOB)
-    env = {k: v for k, v in os.environ.items() if k not in LOOKED_FOR}
-    # --allow-run-as-root: the tests run as root here; --oversubscribe: 3 ranks on 2 cores
-    p = subprocess.run([mpirun, "--allow-run-as-root", "--oversubscribe", "-np", "3", "-x", "FAIL=exception",
-                        "-x", "MASTER_ADDR=127.0.0.1", "-x", f"MASTER_PORT={free_port()}", "-x", "OMP_NUM_THREADS=1",
-                        *EXEC, "--", sys.executable, "job.py"], cwd=tmp_path, env=env, capture_output=True, text=True,
-                       timeout=100, check=False)  # fmt: skip
-    assert p.returncode == 1, p.stdout[-3000:] + p.stderr[-3000:]
-    runs = list((tmp_path / "elastic_diag_runs").glob("ompi-*"))
-    assert len(runs) == 1, runs
-    report = json.loads((runs[0] / "report.json").read_text())
-    validate(report)
-    d = report["diagnosis"]
-    assert (d["failure_class"], d["initiating_rank"], d["exception_type"]) == ("python_exception", 1, "KeyError"), d
-    assert sorted(int(f.name.removeprefix("rank_")) for f in (runs[0] / "attempt_0").iterdir()) == [0, 1, 2]
-    assert (p.stdout + p.stderr).count("elastic_diag: job FAILED") == 1
 
 
 def test_two_watches_claiming_one_rank_keep_both_evidences(tmp_path):

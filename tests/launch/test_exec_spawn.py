@@ -1,8 +1,8 @@
 """``elastic-diag exec -- python train.py`` where the script starts its ranks itself (issue 31): the command is
 the parent of its ranks. Real runs: ``torch.multiprocessing.spawn`` with 3 gloo ranks (an exception in a child,
-a child SIGKILLed, a child stuck outside the collective, a healthy run, a parent that catches the failure and
-exits with its own code), plain ``multiprocessing`` children with the fork start method that set their rank in
-the environment, and a command that never joins a process group."""
+a child stuck outside the collective, a parent that catches the failure and exits with its own code; a child
+SIGKILLed and a healthy run are in test_exec_parity.py), plain ``multiprocessing`` children with the fork start
+method that set their rank in the environment, and a command that never joins a process group."""
 
 from __future__ import annotations
 
@@ -111,11 +111,10 @@ def _report(diag: Path) -> dict:
     ("mode", "extra", "code", "failure_class"),
     [
         ("exception", {}, 1, "python_exception"),
-        ("kill", {}, 1, "killed"),
         ("hang", {}, 1, "hang"),
         ("exception", {"CATCH": "1"}, 2, "python_exception"),
     ],
-    ids=["exception", "sigkill", "hang", "caught-by-the-parent"],
+    ids=["exception", "hang", "caught-by-the-parent"],  # a child SIGKILLed, a healthy run: test_exec_parity.py
 )
 def test_mp_spawn_children_are_the_ranks_and_the_culprit_is_named(tmp_path, mode, extra, code, failure_class):
     """torch's own message names the process that exited first (a waiting rank, when rank 1 hangs); the verdict
@@ -138,24 +137,12 @@ def test_mp_spawn_children_are_the_ranks_and_the_culprit_is_named(tmp_path, mode
     if mode == "exception":
         assert "IndexError: list index out of range" in json.dumps(d["evidence"]), d["evidence"]
         assert json.loads((attempt / "rank_1" / "exception.json").read_text())["type"] == "IndexError"
-        assert launcher["exit_code"] == 1
-    elif mode == "kill":
-        assert launcher["exit_code"] == -9 and not launcher["stopped_by_agent"], launcher
+        # its exit 1, or SIGTERM from torch's teardown when a peer's "connection closed" ended first
+        assert launcher["exit_code"] == 1 or (launcher["exit_code"] == -15 and launcher["stopped_by_agent"]), launcher
     else:  # the hang: torch stopped rank 1 (SIGTERM) after rank 0 or 2 timed out
         assert launcher["stopped_by_agent"] and launcher["exit_code"] == -15, launcher
         assert any("train.py:17 in train" in line for line in d["evidence"]), d["evidence"]
     assert (diag / "report.html").is_file() and (attempt / "exec_parent" / "stderr.log").is_file()
-
-
-@pytest.mark.multiprocess
-@pytest.mark.timeout(120)
-def test_mp_spawn_healthy_run_is_healthy_and_quiet(tmp_path):
-    p, diag = _exec(tmp_path, SPAWN_JOB, "ok")
-    assert p.returncode == 0, p.stderr[-3000:]
-    report = _report(diag)
-    assert (report["status"], report["diagnosis"]["failure_class"]) == ("succeeded", "healthy"), report["diagnosis"]
-    assert sorted(r["rank"] for r in report["ranks"]) == [0, 1, 2]
-    assert "elastic_diag: job" not in p.stderr and p.stdout.count("step 5 loss") == 3
 
 
 @pytest.mark.multiprocess

@@ -29,9 +29,13 @@ class Classifier(L.LightningModule):
 
 def main() -> None:
     data = TensorDataset(torch.randn(256, 16), torch.randint(0, 4, (256,)))
-    trainer = L.Trainer(accelerator="cpu", strategy="ddp", devices=int(os.environ["LOCAL_WORLD_SIZE"]),
-                        max_epochs=1, limit_train_batches=12, logger=False, enable_checkpointing=False,
-                        enable_progress_bar=False, enable_model_summary=False)  # fmt: skip
+    # under torchrun its TorchElasticEnvironment; started by srun directly, its SLURMEnvironment (as a Slurm user
+    # writes it: the devices and nodes from the allocation)
+    devices = int(os.environ.get("SLURM_NTASKS_PER_NODE") or os.environ["LOCAL_WORLD_SIZE"])
+    trainer = L.Trainer(accelerator="cpu", strategy="ddp", devices=devices,
+                        num_nodes=int(os.environ.get("SLURM_NNODES", "1")), max_epochs=1, limit_train_batches=12,
+                        logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                        enable_model_summary=False)  # fmt: skip
     trainer.fit(Classifier(), DataLoader(data, batch_size=8))
 
 
