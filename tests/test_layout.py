@@ -220,8 +220,9 @@ def _one_rank(tmp_path, stderr: str, exception: dict | None, launcher: dict) -> 
     (attempt / "rank_1" / "stderr.log").write_text(stderr)
     if exception is not None:
         (attempt / "rank_1" / "exception.json").write_text(json.dumps(exception))
-    (attempt / "rank_1" / "launcher.json").write_text(json.dumps({"schema": "elastic_diag.launcher/1", "attempt": 0,
-                                                                  "decided_at": 20.0, "rank": launcher}))
+    (attempt / "rank_1" / "launcher.json").write_text(
+        json.dumps({"schema": "elastic_diag.launcher/1", "attempt": 0, "decided_at": 20.0, "rank": launcher})
+    )
     return attempt
 
 
