@@ -191,14 +191,24 @@ def _cmd_exec(args: argparse.Namespace) -> int:
         print(f"elastic-diag: error: --diag-grace {args.diag_grace:g}: must be between 0 and 3600 seconds",
               file=sys.stderr)  # fmt: skip
         return EXIT_USAGE
-    from elastic_diag.config import ENV_HANG_TIMEOUT, ENV_STALL_TIMEOUT, parse_hang_timeout
+    from elastic_diag.config import (
+        ENV_HANG_TIMEOUT,
+        ENV_REQUEUE_EXIT_CODE,
+        ENV_STALL_TIMEOUT,
+        parse_hang_timeout,
+        parse_requeue_exit_code,
+    )
+
+    requeue = (parse_requeue_exit_code(args.diag_requeue_exit_code) if args.diag_requeue_exit_code is not None
+               else parse_requeue_exit_code(os.environ.get(ENV_REQUEUE_EXIT_CODE), ENV_REQUEUE_EXIT_CODE))  # fmt: skip
 
     return run_exec(command, diag_dir=args.diag_dir, grace_s=args.diag_grace,
                     hang_timeout_s=parse_hang_timeout(args.diag_hang_timeout or os.environ.get(ENV_HANG_TIMEOUT, ""),
                                                       "--diag-hang-timeout"),
                     stall_timeout_s=parse_hang_timeout(args.diag_stall_timeout
                                                        or os.environ.get(ENV_STALL_TIMEOUT, ""),
-                                                       "--diag-stall-timeout"))  # fmt: skip
+                                                       "--diag-stall-timeout"),
+                    requeue_exit_code=requeue)  # fmt: skip
 
 
 def _yes_on_terminal() -> bool:
@@ -271,6 +281,9 @@ def get_parser() -> argparse.ArgumentParser:
     run_one.add_argument("--diag-stall-timeout", metavar="auto|off|SECONDS",
                          help="as torchrun-diag's: a stall snapshot (stacks and flight recorders, nothing stopped) "
                          "(default auto; env ELASTIC_DIAG_STALL_TIMEOUT)")  # fmt: skip
+    run_one.add_argument("--diag-requeue-exit-code", metavar="N",
+                         help="as torchrun-diag's: exit N when the verdict asks for a new allocation (a retryable "
+                         "failure), for Slurm's RequeueExit= (env ELASTIC_DIAG_REQUEUE_EXIT_CODE)")  # fmt: skip
     run_one.add_argument("command", nargs=argparse.REMAINDER, help="the rank's command, after --")
     run_one.set_defaults(func=_cmd_exec)
     explain = sub.add_parser("explain", help="explain one failure signature")

@@ -52,7 +52,8 @@ ENV_NAMES = frozenset({
 })  # fmt: skip
 # ``python -m`` these: the launchers a relaunch is written with (launch/relaunch.py's _program)
 PYTHON_MODULES = frozenset({"elastic_diag", "elastic_diag.run", "elastic_diag.cli", "torch.distributed.run"})
-LAUNCHERS = frozenset({"torchrun", "torchrun-diag", "accelerate", "elastic-diag", *PYTHON_MODULES})
+LAUNCHERS = frozenset({"torchrun", "torchrun-diag", "accelerate", "elastic-diag", "srun", "mpirun", "mpiexec",
+                       *PYTHON_MODULES})  # fmt: skip
 _PYTHON = re.compile(r"python(?:\d+(?:\.\d+)?)?")
 _ENV_WORD = re.compile(r"([A-Za-z_][A-Za-z0-9_]*)=(.*)", re.DOTALL)
 _OPERATOR_CHARS = ";&|<>()"
@@ -156,7 +157,32 @@ def _accelerate(args: Sequence[str]) -> str | None:
 def _elastic_diag(args: Sequence[str]) -> str | None:
     if args[:1] and args[0] in ("run", "analyze", "report", "signatures", "explain"):
         return _launcher(args)
-    return "only its run, analyze, report, signatures and explain commands"
+    if args[:1] == ["exec"]:
+        return _exec(args[1:])
+    return "only its run, exec, analyze, report, signatures and explain commands"
+
+
+def _exec(args: Sequence[str]) -> str | None:
+    """``elastic-diag exec [OPTIONS] -- python ...``: a relaunch of a job srun, mpirun or a parent script
+    started, whose ranks are Python (as torchrun's relaunch runs a Python script, never another program)."""
+    if "--" not in args:
+        return "exec without `-- COMMAND`"
+    command = list(args)[list(args).index("--") + 1 :]
+    if not command or not _PYTHON.fullmatch(program_name(command[0])):
+        return "exec of a command that is not a Python interpreter"
+    return None
+
+
+def _parallel(args: Sequence[str]) -> str | None:
+    """``srun`` / ``mpirun`` / ``mpiexec`` only as the relaunch of a job watched by ``elastic-diag exec``:
+    ``srun [OPTIONS] elastic-diag exec [OPTIONS] -- python ...`` (or ``python -m elastic_diag.cli exec``)."""
+    for i, arg in enumerate(args):
+        if program_name(arg) == "elastic-diag" and args[i + 1 : i + 2] == ["exec"]:
+            return _exec(args[i + 2 :])
+        if _PYTHON.fullmatch(program_name(arg)) and list(args[i + 1 : i + 4]) in (
+            ["-m", "elastic_diag.cli", "exec"], ["-m", "elastic_diag", "exec"]):  # fmt: skip
+            return _exec(args[i + 4 :])
+    return "only a relaunch under elastic-diag exec (srun/mpirun ... elastic-diag exec -- python ...)"
 
 
 # the allow-list: program (argv[0]'s basename) -> the rule for its arguments. docs/report.md lists it.
@@ -181,6 +207,9 @@ PROGRAMS: dict[str, ArgRule] = {
     "torchrun-diag": _launcher,
     "accelerate": _accelerate,
     "elastic-diag": _elastic_diag,
+    "srun": _parallel,
+    "mpirun": _parallel,
+    "mpiexec": _parallel,
 }
 
 

@@ -41,6 +41,7 @@ from typing import IO, Any
 
 from elastic_diag.agent.health import HangAlarm
 from elastic_diag.config import DEFAULT_RUNS_DIR, DEFAULT_TAIL_LINES, ENV_DIAG_DIR, host_name, progress_interval
+from elastic_diag.core.verification import JobFacts
 from elastic_diag.launch.exec_health import ExecHealth
 from elastic_diag.launch.rank_env import RankPlace, job_name, rank_from_env
 from elastic_diag.layout import (
@@ -113,8 +114,10 @@ class Watch:
     SpawnWatch` a command whose children are the ranks."""
 
     def __init__(self, command: Sequence[str], diag_dir: Path, grace_s: float, env: Mapping[str, str], *,
-                 hang_timeout_s: float | None = None, stall_timeout_s: float | None = None) -> None:  # fmt: skip
+                 hang_timeout_s: float | None = None, stall_timeout_s: float | None = None,
+                 requeue_exit_code: int | None = None) -> None:  # fmt: skip
         self.command = list(command)
+        self.requeue_exit_code = requeue_exit_code
         self.hang_timeout_s = hang_timeout_s
         self.stall_timeout_s = stall_timeout_s
         self.hang: dict[str, Any] | None = None  # the health monitor's alarm, when the watch stopped its ranks
@@ -221,8 +224,8 @@ class RankWatch(Watch):
     """The watch of one rank: starts it, tees its streams, forwards signals, records its end."""
 
     def __init__(self, command: Sequence[str], place: RankPlace, diag_dir: Path, grace_s: float,
-                 env: Mapping[str, str], **thresholds: float | None) -> None:  # fmt: skip
-        super().__init__(command, diag_dir, grace_s, env, **thresholds)
+                 env: Mapping[str, str], **settings: Any) -> None:  # fmt: skip
+        super().__init__(command, diag_dir, grace_s, env, **settings)
         self.place = place
         self.rank_dir = self.attempt_dir / rank_dir_name(place.rank)
         self.ended = False
@@ -317,9 +320,13 @@ class RankWatch(Watch):
     def judge(self) -> dict[str, Any] | None:
         """Every rank's evidence on disk judged by the core's rules (:func:`judge_attempt`); None while this
         healthy rank's peers still run."""
+        from elastic_diag.launch.relaunch import exec_job_facts
+
+        job = exec_job_facts(self.place.launcher, self.place.world_size, self.command, self.diag_dir, self.env)
         return judge_attempt(self.diag_dir, self.place.world_size, self.node,
                              [f"started by {self.place.launcher} through elastic-diag exec"],
-                             warnings=self.health.warnings)  # fmt: skip
+                             warnings=self.health.warnings, job=job,
+                             requeue_exit_code=self.requeue_exit_code)  # fmt: skip
 
 
 SUMMARY_CLAIM = "summary.printed"  # the diag dir: the watch that printed the verdict's summary (one per job)
@@ -344,11 +351,13 @@ def print_once(report: dict[str, Any], diag_dir: Path) -> bool:
 
 
 def judge_attempt(diag_dir: Path, size: int | None, node: str, notes: list[str], *, command_failed: bool = False,
-                  warnings: Sequence[dict[str, Any]] = ()) -> dict[str, Any] | None:  # fmt: skip
+                  warnings: Sequence[dict[str, Any]] = (), job: JobFacts | None = None,
+                  requeue_exit_code: int | None = None) -> dict[str, Any] | None:  # fmt: skip
     """Every rank's evidence under ``diag_dir/attempt_0`` judged by the core's rules, written to report.json and
     report.html; the report, or None when there is nothing to add yet (healthy so far, and ranks of a world of
     ``size`` still running). ``command_failed``: the watched command itself failed (a parent of the ranks): the
-    attempt failed whatever the ranks' exits say."""
+    attempt failed whatever the ranks' exits say. ``requeue_exit_code``: the report says whether the failure
+    asks for a new allocation (core/requeue.py, as under ``torchrun-diag``; no restart gate runs here)."""
     from elastic_diag.core.classify import classify_attempt
     from elastic_diag.core.verdict import AttemptStatus
     from elastic_diag.layout import read_attempt
@@ -373,15 +382,33 @@ def judge_attempt(diag_dir: Path, size: int | None, node: str, notes: list[str],
                      "not shared, or a task that never started)")  # fmt: skip
     record = AttemptRecord(evidence=evidence, diagnosis=diagnosis, status=status, final=True)
     report = build_report(run_id=diag_dir.name, status=status, attempts=[record], diag_dir=str(diag_dir),
-                          node=node, notes=[*notes, *read.problems], warnings=warnings)  # fmt: skip
+                          node=node, notes=[*notes, *read.problems], warnings=warnings, job=job)  # fmt: skip
+    if requeue_exit_code is not None and status == "failed":
+        from elastic_diag.core.findings import retryable_own_failure
+        from elastic_diag.core.requeue import requeue_decision
+        from elastic_diag.core.taxonomy import load_taxonomy
+
+        culprit = next((ev for ev in evidence.ranks if ev.rank == diagnosis.initiating_rank), None)
+        own = culprit is not None and retryable_own_failure(culprit, load_taxonomy()) is not None
+        report["requeue"] = requeue_decision(status, diagnosis, own_retryable=own,
+                                             exit_code=requeue_exit_code).to_json()  # fmt: skip
     write_report(diag_dir / REPORT_FILE, report)
     write_html(diag_dir, report)
     return report
 
 
+def exit_status_of(code: int, report: dict[str, Any] | None) -> int:
+    """The rank's (or command's) exit status, or the requeue exit code when the verdict asks for a new
+    allocation: every watch of the job that judges it exits with that code, so srun's status is it."""
+    requeue = report.get("requeue") if isinstance(report, dict) else None
+    if code != 0 and isinstance(requeue, dict) and requeue.get("requeue") and isinstance(requeue.get("exit_code"), int):
+        return int(requeue["exit_code"])
+    return _exit_status(code)
+
+
 def run_exec(command: Sequence[str], *, diag_dir: str | None = None, grace_s: float = DEFAULT_GRACE_S,
              env: Mapping[str, str] | None = None, hang_timeout_s: float | None = None,
-             stall_timeout_s: float | None = None) -> int:  # fmt: skip
+             stall_timeout_s: float | None = None, requeue_exit_code: int | None = None) -> int:  # fmt: skip
     """``elastic-diag exec``: the command's own exit status, whatever the diagnosis does."""
     env = os.environ if env is None else env
     if not command:
@@ -392,7 +419,7 @@ def run_exec(command: Sequence[str], *, diag_dir: str | None = None, grace_s: fl
         from elastic_diag.launch.spawn_watch import run_spawn_watch
 
         return run_spawn_watch(command, diag_dir=diag_dir, grace_s=grace_s, env=env, hang_timeout_s=hang_timeout_s,
-                               stall_timeout_s=stall_timeout_s)  # fmt: skip
+                               stall_timeout_s=stall_timeout_s, requeue_exit_code=requeue_exit_code)  # fmt: skip
     folder = shared_diag_dir(diag_dir, env)
     if folder is None:
         why = (
@@ -401,7 +428,7 @@ def run_exec(command: Sequence[str], *, diag_dir: str | None = None, grace_s: fl
         )
         return run_unwatched(command, why)
     watch = RankWatch(command, place, folder, grace_s, env, hang_timeout_s=hang_timeout_s,
-                      stall_timeout_s=stall_timeout_s)  # fmt: skip
+                      stall_timeout_s=stall_timeout_s, requeue_exit_code=requeue_exit_code)  # fmt: skip
     try:
         watch.prepare()
     except OSError as e:
@@ -420,6 +447,6 @@ def run_exec(command: Sequence[str], *, diag_dir: str | None = None, grace_s: fl
             return _exit_status(code)
         if report is not None and report["status"] != "succeeded":
             print_once(report, folder)
-        return _exit_status(code)
+        return exit_status_of(code, report)
     finally:
         watch.restore_signals()

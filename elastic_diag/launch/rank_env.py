@@ -74,11 +74,12 @@ def rank_from_env(env: Mapping[str, str]) -> RankPlace | None:
 
 def job_name(env: Mapping[str, str]) -> str | None:
     """A name every rank of one job computes alike, for a shared diag dir when none is given: Slurm's job and
-    step, Open MPI's job id, PMIx's namespace, or torchrun-style ``MASTER_ADDR``:``MASTER_PORT``; None when
-    the environment holds none of them."""
+    step (``-r<N>`` after the N-th requeue), Open MPI's job id, PMIx's namespace, or torchrun-style
+    ``MASTER_ADDR``:``MASTER_PORT``; None when the environment holds none of them."""
     job, step = env.get("SLURM_JOB_ID", "").strip(), env.get("SLURM_STEP_ID", "").strip()
     if job and step:
-        return f"slurm-{job}.{step}"
+        restart = env.get("SLURM_RESTART_COUNT", "").strip()  # a requeued job's next run: a folder of its own
+        return f"slurm-{job}.{step}" + (f"-r{restart}" if restart.isdigit() and int(restart) > 0 else "")
     for var, prefix in (("OMPI_MCA_ess_base_jobid", "ompi"), ("PMIX_NAMESPACE", "pmix")):
         if env.get(var, "").strip():
             return f"{prefix}-{env[var].strip()}"

@@ -151,3 +151,34 @@ def job_facts(launcher: Launcher, config: DiagConfig, argv: Sequence[str] | None
                     verify_dir=verify_dir,
                     master_port=_port(args), logs=str(config.diag_dir), checkpoint_dir=common["checkpoint_dir"],
                     nnodes=_nnodes(args))  # fmt: skip
+
+
+# elastic-diag exec: the launcher that started the watched ranks, as the relaunch names it
+_EXEC_PREFIX = {"slurm": ("srun", "-N", "SLURM_NNODES", "-n"), "openmpi": ("mpirun", None, None, "-np"),
+                "pmi": ("mpiexec", None, None, "-n"), "pmix": ("mpiexec", None, None, "-n")}  # fmt: skip
+
+
+def exec_job_facts(launcher: str | None, world_size: int | None, command: Sequence[str], diag_dir: Path,
+                   env: dict[str, str] | None = None) -> JobFacts:  # fmt: skip
+    """The verification commands' facts for a job watched by ``elastic-diag exec``: its relaunch is the same
+    command under a new watch, with a diag dir of its own: ``srun -N<nodes> -n<tasks> elastic-diag exec
+    --diag-dir D.verify -- COMMAND`` (Slurm), ``mpirun -np <N> ...`` (Open MPI), ``mpiexec -n <N> ...`` (PMI),
+    or ``elastic-diag exec --diag-dir D.verify -- COMMAND`` for a command that spawns its ranks itself
+    (``launcher`` None). A rank started by a wrapper of the user's (torchrun-style variables) has no relaunch
+    elastic_diag can write: ``$RELAUNCH`` stays, with what to set it to."""
+    environ = os.environ if env is None else env
+    verify_dir = str(diag_dir) + VERIFY_SUFFIX
+    cwd, logs = os.getcwd(), str(diag_dir)
+    watch = [*_program("elastic-diag", "elastic_diag.cli"), "exec", "--diag-dir", verify_dir, "--", *command]
+    original = [*_program("elastic-diag", "elastic_diag.cli"), "exec", "--", *command]
+    if launcher is None:
+        prefix: list[str] = []
+    elif launcher in _EXEC_PREFIX and world_size:
+        program, nodes_flag, nodes_var, tasks_flag = _EXEC_PREFIX[launcher]
+        nodes = environ.get(nodes_var or "", "").strip()
+        prefix = [program, *([nodes_flag, nodes] if nodes_flag and nodes.isdigit() else []), tasks_flag,
+                  str(world_size)]  # fmt: skip
+    else:
+        return JobFacts(cwd=cwd, python=sys.executable, logs=logs)
+    return JobFacts(cwd=cwd, python=sys.executable, logs=logs, relaunch=shlex.join([*prefix, *watch]),
+                    launch_command=shlex.join([*prefix, *original]), verify_dir=verify_dir)  # fmt: skip

@@ -34,6 +34,7 @@ from elastic_diag.launch.exec_watch import (
     Watch,
     _exit_status,
     _say,
+    exit_status_of,
     judge_attempt,
     print_once,
     run_unwatched,
@@ -119,8 +120,8 @@ class SpawnWatch(Watch):
     """The watch of a command whose children are the ranks."""
 
     def __init__(self, command: Sequence[str], diag_dir: Path, grace_s: float, env: Mapping[str, str],
-                 **thresholds: float | None) -> None:  # fmt: skip
-        super().__init__(command, diag_dir, grace_s, env, **thresholds)
+                 **settings: Any) -> None:  # fmt: skip
+        super().__init__(command, diag_dir, grace_s, env, **settings)
         self.parent_dir = self.attempt_dir / PARENT_DIR
         self.created = not diag_dir.exists()
         self.stopped_ranks: set[int] = set()  # stopped by this watch (a hang)
@@ -251,11 +252,20 @@ def _alive(pid: object) -> bool:
 
 
 def run_spawn_watch(command: Sequence[str], *, diag_dir: str | None, grace_s: float, env: Mapping[str, str],
-                    hang_timeout_s: float | None = None, stall_timeout_s: float | None = None) -> int:  # fmt: skip
+                    hang_timeout_s: float | None = None, stall_timeout_s: float | None = None,
+                    requeue_exit_code: int | None = None) -> int:  # fmt: skip
     """The command as the parent of its ranks; its own exit status whatever the diagnosis does."""
     given = diag_dir or env.get(ENV_DIAG_DIR)
     folder = Path(given).absolute() if given else default_diag_dir(environ=env)
-    watch = SpawnWatch(command, folder, grace_s, env, hang_timeout_s=hang_timeout_s, stall_timeout_s=stall_timeout_s)
+    watch = SpawnWatch(
+        command,
+        folder,
+        grace_s,
+        env,
+        hang_timeout_s=hang_timeout_s,
+        stall_timeout_s=stall_timeout_s,
+        requeue_exit_code=requeue_exit_code,
+    )
     try:
         watch.prepare()
     except OSError as e:
@@ -267,14 +277,18 @@ def run_spawn_watch(command: Sequence[str], *, diag_dir: str | None, grace_s: fl
         if not joined_ranks(watch.attempt_dir):
             return _nothing_joined(watch, code)
         try:
+            from elastic_diag.launch.relaunch import exec_job_facts
+
             report = judge_attempt(folder, None, watch.node, watch.notes(code), command_failed=code != 0,
-                                   warnings=watch.health.warnings)  # fmt: skip
+                                   warnings=watch.health.warnings,
+                                   job=exec_job_facts(None, None, command, folder, dict(env)),
+                                   requeue_exit_code=requeue_exit_code)  # fmt: skip
         except Exception as e:  # noqa: BLE001 - the job's result comes first: say it, keep its exit status
             _say(f"the verdict could not be written ({e!r}); `elastic-diag report {folder}` judges the evidence again")
             return _exit_status(code)
         if report is not None and (report["status"] != "succeeded" or code != 0):
             print_once(report, folder)
-        return _exit_status(code)
+        return exit_status_of(code, report)
     finally:
         watch.restore_signals()
 

@@ -70,6 +70,15 @@ def _launches(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, JobF
         "accelerate": job_facts("torchrun", config, ["launch", "--num_processes", "2", *script],
                                 program_path=str(Path(sys.executable).parent / "accelerate")),
     }  # fmt: skip
+    # elastic-diag exec: srun and mpirun started the watched ranks; a script that spawns its ranks itself
+    from elastic_diag.launch.relaunch import exec_job_facts
+
+    command = [sys.executable, *script]
+    launches["srun elastic-diag exec"] = exec_job_facts("slurm", 8, command, tmp_path / "diag dir",
+                                                        {"SLURM_NNODES": "2"})  # fmt: skip
+    launches["mpirun elastic-diag exec"] = exec_job_facts("openmpi", 4, command, tmp_path / "diag dir", {})
+    launches["elastic-diag exec (mp.spawn)"] = exec_job_facts(None, None, command, tmp_path / "diag dir", {})
+    assert exec_job_facts("torchrun", 4, command, tmp_path / "d", {}).relaunch is None  # a wrapper of the user's
     monkeypatch.setattr(sys, "executable", "/opt/no such venv/bin/python3.11")  # no torchrun-diag beside it
     launches["python -m elastic_diag.run"] = job_facts("torchrun-diag", config, ["--nproc-per-node", "2", *script])
     assert "-m elastic_diag.run" in str(launches["python -m elastic_diag.run"].relaunch)
@@ -91,7 +100,7 @@ def test_every_command_elastic_diag_writes_is_on_the_allow_list(tmp_path, monkey
             assert command.allowed, (launcher, plan.command, command.refusals, command.unreadable)
             assert command.cwd == facts.cwd and command.steps
             checked += 1
-    assert checked >= 5 * 60
+    assert checked >= 8 * 60
     for script in (controls._COLLECTIVE_SCRIPT, controls._CHECKPOINT_SCRIPT):  # run by the gate, never written
         assert not read_command(shlex.join([sys.executable, "-c", script, "/ckpt/x.pt"])).allowed
 
@@ -134,7 +143,7 @@ REFUSED = [
     ("python3 /tmp/evil.py", "only `python -m <launcher>`"),
     (f"python3 -I -c {shlex.quote(CHECK)} /x", "only `python -m <launcher>`"),
     ("python3 -m http.server", "-m http.server is not one of the launchers"),
-    ("python3 -m elastic_diag verify /d --yes", "only its run, analyze"),
+    ("python3 -m elastic_diag verify /d --yes", "only its run, exec, analyze"),
     ("torchrun --no-python sh -c 'touch /tmp/pwned'", "would run any program"),
     ("torchrun-diag --no_python=1 touch /tmp/pwned", "would run any program"),
     ("torchrun-diag --max-restarts 3 --diag-verify 'touch /tmp/pwned' -m no_such_module", "the gate would run it"),
@@ -155,6 +164,10 @@ REFUSED = [
     ("curl -sSf -K /tmp/config https://example.invalid/x", "'-K' is not one of its probe options"),
     ("curl -sSf -o /dev/null file:///etc/shadow", "only a probe of one http(s) address"),
     ("accelerate config", "only `accelerate launch`"),
+    ("srun -n 2 bash -c 'touch /tmp/pwned'", "only a relaunch under elastic-diag exec"),
+    ("mpirun -np 2 elastic-diag exec -- bash -c 'touch /tmp/pwned'", "not a Python interpreter"),
+    ("mpiexec -n 2 python3 -m elastic_diag.cli exec", "exec without `-- COMMAND`"),
+    ("elastic-diag exec -- touch /tmp/pwned", "not a Python interpreter"),
     ("nvidia-smi && cd /tmp && df", "`cd` is only allowed as the first step"),
     ("cd /a /b && df", "`cd` takes one folder"),
 ]

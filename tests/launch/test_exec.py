@@ -28,11 +28,20 @@ import torch, torch.distributed as dist
 env = os.environ
 rank = int(env.get("RANK") or env.get("SLURM_PROCID") or env.get("OMPI_COMM_WORLD_RANK") or 0)
 world = int(env.get("WORLD_SIZE") or env.get("SLURM_NTASKS") or env.get("OMPI_COMM_WORLD_SIZE") or 1)
-dist.init_process_group("gloo", rank=rank, world_size=world, timeout=timedelta(seconds=6))
+dist.init_process_group("gloo", rank=rank, world_size=world,
+                        timeout=timedelta(seconds=int(os.environ.get("PG_TIMEOUT", "6"))))
 t = torch.ones(8)
+
+def wait_for_marker(path):  # a rank that waits for a file nobody writes
+    import time
+    while not os.path.exists(path):
+        time.sleep(0.1)
+
 for step in range(6):
     if rank == 1 and step == 3 and os.environ.get("FAIL") == "exception":
         raise KeyError(f"shard-{step}")
+    if rank == 1 and step == 3 and os.environ.get("FAIL") == "hang":
+        wait_for_marker("/nonexistent/ready")
     dist.all_reduce(t)
     print(f"rank {rank} step {step}", flush=True)
 dist.barrier()
@@ -136,6 +145,26 @@ def test_a_healthy_job_under_watches_is_healthy_and_exits_0(tmp_path):
     report = json.loads((diag / "report.json").read_text())
     assert (report["status"], report["diagnosis"]["failure_class"]) == ("succeeded", "healthy"), report["diagnosis"]
     assert not any("elastic_diag: job" in err for _, _, err in results)
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(120)
+def test_the_watches_call_a_hang_long_before_the_collective_timeout(tmp_path):
+    """Rank 1 waits for a file nobody writes; its peers wait in the next all_reduce (a 120 s timeout). Each
+    watch's health monitor reads every rank's progress in the shared diag dir and calls the hang after 4 s:
+    its own rank's stacks, then SIGTERM; the verdict names rank 1 with the line it is stuck at."""
+    diag = tmp_path / "diag"
+    started = time.monotonic()
+    results = _finish(_start_ranks(tmp_path, 3, {"FAIL": "hang", "PG_TIMEOUT": "120"}, "--diag-dir", str(diag),
+                                   "--diag-hang-timeout", "4"), 100)  # fmt: skip
+    assert time.monotonic() - started < 60, "the hang was called by the collective timeout, not the monitor"
+    codes = [code for code, _, _ in results]  # a peer stopped a moment before may end rank 0 or 2 with its error
+    assert codes[1] == 143 and {codes[0], codes[2]} <= {1, 143}, results
+    d = json.loads((diag / "report.json").read_text())["diagnosis"]
+    assert (d["initiating_rank"], d["failure_class"]) == (1, "hang"), d
+    assert any("in wait_for_marker" in line for line in d["evidence"]), d["evidence"]
+    launcher = json.loads((diag / "attempt_0" / "rank_1" / "launcher.json").read_text())
+    assert launcher["hang"]["reason"] == "--diag-hang-timeout" and launcher["rank"]["stopped_by_agent"], launcher
 
 
 def test_a_rank_killed_by_a_signal_keeps_the_shells_exit_status(tmp_path):

@@ -18,14 +18,17 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import shutil
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import launcher_parity
 import pytest
+from helpers import EXAMPLE
 from slurm_cluster import SlurmCluster, free_port, running_cluster
 from test_scenarios import CASES, SCENARIOS, Scenario, _id
 
@@ -87,9 +90,12 @@ def _clean_env(**extra: str) -> dict[str, str]:
     return {**env, "OMP_NUM_THREADS": "1", **extra}
 
 
+REQUEUE = 75  # EX_TEMPFAIL; slurm.conf's RequeueExit
+
+
 @pytest.fixture(scope="module")
 def slurm() -> Iterator[SlurmCluster]:
-    with running_cluster(nodes=2) as cluster:
+    with running_cluster(nodes=2, extra_conf=f"RequeueExit={REQUEUE}\nJobRequeue=1") as cluster:
         yield cluster
 
 
@@ -145,6 +151,10 @@ def test_the_verdict_is_the_one_under_torchrun_diag(request, tmp_path, launcher,
     d = report["diagnosis"]
     launcher_parity.record(_id(s), launcher, d, report["status"], (s.culprit, s.cls))
     assert (d["initiating_rank"], d["failure_class"]) == (s.culprit, s.cls), (d, out)
+    # the relaunch a verification re-runs: the same launcher and command under a new watch, its own diag dir
+    relaunch = report["launch"]["relaunch"]
+    lead = {"srun": "srun -N 2 -n ", "mpirun": "mpirun -np ", "mp.spawn": ""}[launcher]
+    assert relaunch.startswith(lead) and f"exec --diag-dir {diag}.verify -- " in relaunch, relaunch
     if case == "healthy":
         assert p.returncode == 0 and report["status"] == "succeeded", out
         assert "elastic_diag: job" not in p.stdout + p.stderr
@@ -156,3 +166,76 @@ def test_the_verdict_is_the_one_under_torchrun_diag(request, tmp_path, launcher,
         assert nodes == {"node0", "node1"}, nodes
     if case == "hang":  # the stuck rank's stack, taken before the launcher's teardown reached it
         assert any("in postprocess" in line for line in d["evidence"]), d["evidence"]
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(240)
+def test_a_diag_dir_per_host_gives_a_verdict_per_host_that_says_what_is_missing(tmp_path, slurm):
+    """Each node's watch writes into a folder of that node only (a diag dir on local disk): each folder gets a
+    verdict over the ranks it saw and names the ranks whose evidence is missing; the culprit's node names it,
+    the other says it cannot name a rank (never healthy)."""
+    s = _scenario("exception")  # rank 1 raises; one rank on each node
+    env = {**slurm.env, **_clean_env(TMPDIR=str(tmp_path)), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
+    per_host = tmp_path / "local"
+    argv = ["srun", "-N2", f"-n{s.nproc}", "--kill-on-bad-exit=1", "bash", "-c",
+            f"exec {shlex.join(EXEC)} --diag-dir {per_host}/$SLURMD_NODENAME -- bash -c "
+            f"'{ENV_RANK['srun']} exec {sys.executable} {SCENARIOS / s.script}'"]  # fmt: skip
+    p = subprocess.run(argv, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=s.timeout, check=False)
+    out = p.stdout[-2500:] + p.stderr[-2500:] + slurm.logs()
+    assert p.returncode != 0, out
+    reports = {d.name: json.loads((d / "report.json").read_text()) for d in per_host.iterdir()}
+    assert set(reports) == {"node0", "node1"}, (reports.keys(), out)
+    seen = {name: [r["rank"] for r in rep["ranks"]] for name, rep in reports.items()}
+    assert sorted(sum(seen.values(), [])) == [0, 1], seen
+    for name, rep in reports.items():
+        validate(rep)
+        assert rep["status"] == "failed", rep["status"]
+        missing = sorted({0, 1} - set(seen[name]))
+        assert any(f"no evidence from rank(s) {missing}" in n and "not shared" in n for n in rep["notes"]), rep["notes"]
+        d = rep["diagnosis"]
+        if 1 in seen[name]:
+            assert (d["initiating_rank"], d["failure_class"]) == (1, "python_exception"), d
+        else:  # only a rank that failed waiting for its peer: no rank named, and it says where to look
+            assert d["initiating_rank"] is None and "evidence is missing" in d["summary"], d
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(300)
+def test_a_retryable_failure_under_srun_asks_slurm_for_a_new_allocation(tmp_path, slurm):
+    """`srun elastic-diag exec --diag-requeue-exit-code 75`, `RequeueExit=75` in slurm.conf: a network error on
+    rank 1 is retryable, every watch exits 75, Slurm requeues the job, and its second run (SLURM_RESTART_COUNT=1,
+    a diag dir of its own) succeeds; as under torchrun-diag (tests/launch/test_slurm.py)."""
+    work = tmp_path / "work"
+    work.mkdir()
+    script = tmp_path / "requeue.sh"
+    script.write_text(f"""#!/bin/bash
+export OMP_NUM_THREADS=1 MASTER_ADDR=127.0.0.1 MASTER_PORT={free_port()}
+inject=network-error
+[ "${{SLURM_RESTART_COUNT:-0}}" -gt 0 ] && inject=none
+srun -N1 -n2 -O {shlex.join(EXEC)} --diag-requeue-exit-code {REQUEUE} -- bash -c \
+  "RANK=\\$SLURM_PROCID WORLD_SIZE=\\$SLURM_NTASKS LOCAL_RANK=\\$SLURM_LOCALID exec {sys.executable} {EXAMPLE} \
+   --inject $inject --culprit-rank 1 --steps 6 --pg-timeout 8"
+""")
+    script.chmod(0o755)
+    job = slurm.sbatch(script, "-N1", "--requeue", "--open-mode=append", "-o", f"{tmp_path}/requeue-%j.out", cwd=work)
+    deadline = time.monotonic() + 150
+    while slurm.job(job).get("Restarts") != "1" and time.monotonic() < deadline:
+        time.sleep(0.3)
+    first = slurm.job(job)
+    out = (
+        (tmp_path / f"requeue-{job}.out").read_text(errors="replace")
+        if (tmp_path / f"requeue-{job}.out").exists()
+        else ""
+    )
+    assert (first.get("Restarts"), first.get("ExitCode")) == ("1", f"{REQUEUE}:0"), (first, out[-3000:], slurm.logs())
+    slurm.client("scontrol", "update", f"JobId={job}", "StartTime=now")
+    done = slurm.wait_state(job, {"COMPLETED", "FAILED", "CANCELLED"}, 150)
+    assert (done["JobState"], done["ExitCode"]) == ("COMPLETED", "0:0"), done
+    runs = work / "elastic_diag_runs"
+    failed = json.loads((runs / f"slurm-{job}.0" / "report.json").read_text())
+    second = json.loads((runs / f"slurm-{job}.0-r1" / "report.json").read_text())
+    validate(failed)
+    d = failed["diagnosis"]
+    assert (d["initiating_rank"], d["failure_class"]) == (1, "network_error"), d
+    assert failed["requeue"] == {"requeue": True, "exit_code": REQUEUE, "reason": failed["requeue"]["reason"]}
+    assert second["status"] == "succeeded", second["diagnosis"]
