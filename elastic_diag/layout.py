@@ -614,7 +614,13 @@ def read_stalls(attempt_dir: Path) -> tuple[StallRecord, ...]:
         if not parts:
             continue
         first = min(parts, key=lambda r: r.detected_at)
-        ranks = {r.rank: r for part in parts for r in part.ranks}
+        ranks: dict[int, Any] = {}
+        for part in parts:  # each part lists every rank; the watch of a rank wrote its stack and where it was
+            for r in part.ranks:
+                known = (r.stack is not None, r.where is not None, r.beacon is not None)
+                held = ranks.get(r.rank)
+                if held is None or known > (held.stack is not None, held.where is not None, held.beacon is not None):
+                    ranks[r.rank] = r
         found.append(
             dataclasses.replace(first, since=min(p.since for p in parts), ranks=tuple(ranks[k] for k in sorted(ranks)))
             if len(parts) > 1

@@ -257,3 +257,21 @@ def test_the_stack_a_rank_wrote_at_sigterm_is_its_stack_when_no_launcher_took_on
     (attempt / "rank_1" / "stacks_at_sigterm.txt").write_text(STACK)
     ev = read_attempt(attempt).evidence.ranks[0]
     assert ev.stack is not None and str(ev.stack.user_frame()) == "/job/train.py:77 in fetch"
+
+
+def test_an_abort_at_teardown_after_the_ranks_own_exception_is_its_consequence(tmp_path):
+    """Measured under mp.spawn (tests/launch/test_exec_spawn.py): rank 1 raised IndexError, then its interpreter
+    tore down with gloo's threads still joinable and std::terminate aborted it (exit -6). The exception recorded
+    first is the failure; a rank that only aborts is still an abort."""
+    from elastic_diag.core.classify import classify_attempt
+    from elastic_diag.layout import read_attempt
+
+    stderr = ("terminate called without an active exception\nFatal Python error: Aborted\n\n"
+              "Thread 0x00007fe43daa0b80 (most recent call first):\n  <no Python frame>\n")  # fmt: skip
+    exc = {"type": "IndexError", "message": "list index out of range", "traceback": "", "time": 10.0,
+           "mro": ["IndexError", "LookupError", "Exception"]}  # fmt: skip
+    attempt = _one_rank(tmp_path, stderr, exc, {"rank": 1, "exit_code": -6, "exit_time": 10.5})
+    d = classify_attempt(read_attempt(attempt).evidence)
+    assert (d.initiating_rank, d.failure_class, d.exception_type) == (1, "python_exception", "IndexError"), d
+    bare = _one_rank(tmp_path / "bare", stderr, None, {"rank": 1, "exit_code": -6, "exit_time": 10.5})
+    assert classify_attempt(read_attempt(bare).evidence).failure_class == "abort"

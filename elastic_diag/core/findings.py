@@ -291,7 +291,7 @@ def _own_finding(
     # a better signature for the same failure among its other lines (a CUDA error's text in its
     # stderr, a kernel OOM line): never a symptom
     specific = _best([c for c in candidates if c[0].role_hint != "collateral" and c[0].priority > sig.priority])
-    if specific is not None:
+    if specific is not None and not _teardown_abort(ev, specific[0]):
         sig, line = specific
     lines = [line]
     loc = (exc.user_location() or exc.location()) if exc is not None else None  # the user's line first
@@ -303,6 +303,20 @@ def _own_finding(
         time=min(own_times) if own_times else ev.first_error_time, in_collective=in_coll,
         named=tuple(named), own=True, exception=exc, printed=printed_first,
     )  # fmt: skip
+
+
+TEARDOWN_ABORT = "terminate called without an active exception"
+
+
+def _teardown_abort(ev: RankEvidence, sig: Signature) -> bool:
+    """A SIGABRT after the rank's own uncaught exception, from a native thread still joinable when the
+    interpreter tore down (``terminate called without an active exception``: a process group never destroyed):
+    the exception recorded first is the failure, the abort its consequence."""
+    return (sig.failure_class == "abort" and ev.exception is not None
+            and any(TEARDOWN_ABORT in line for line in ev.stderr_tail[-MAX_TEARDOWN_LINES:]))  # fmt: skip
+
+
+MAX_TEARDOWN_LINES = 40
 
 
 def _inferred_finding(

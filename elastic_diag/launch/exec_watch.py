@@ -325,8 +325,7 @@ class RankWatch(Watch):
         job = exec_job_facts(self.place.launcher, self.place.world_size, self.command, self.diag_dir, self.env)
         return judge_attempt(self.diag_dir, self.place.world_size, self.node,
                              [f"started by {self.place.launcher} through elastic-diag exec"],
-                             warnings=self.health.warnings, job=job,
-                             requeue_exit_code=self.requeue_exit_code)  # fmt: skip
+                             job=job, requeue_exit_code=self.requeue_exit_code)  # fmt: skip
 
 
 SUMMARY_CLAIM = "summary.printed"  # the diag dir: the watch that printed the verdict's summary (one per job)
@@ -380,6 +379,10 @@ def judge_attempt(diag_dir: Path, size: int | None, node: str, notes: list[str],
     if missing:
         notes.append(f"no evidence from rank(s) {missing} in {attempt_dir} (another host whose diag dir is "
                      "not shared, or a task that never started)")  # fmt: skip
+    # the stalls the job got over, as warnings: from the records every watch wrote its part of, merged
+    from elastic_diag.core.stall import stall_warning
+
+    warnings = [*warnings, *(stall_warning(r, 0) for r in evidence.stalls if r.outcome in ("resumed", "ended"))]
     record = AttemptRecord(evidence=evidence, diagnosis=diagnosis, status=status, final=True)
     report = build_report(run_id=diag_dir.name, status=status, attempts=[record], diag_dir=str(diag_dir),
                           node=node, notes=[*notes, *read.problems], warnings=warnings, job=job)  # fmt: skip

@@ -280,7 +280,6 @@ def run_spawn_watch(command: Sequence[str], *, diag_dir: str | None, grace_s: fl
             from elastic_diag.launch.relaunch import exec_job_facts
 
             report = judge_attempt(folder, None, watch.node, watch.notes(code), command_failed=code != 0,
-                                   warnings=watch.health.warnings,
                                    job=exec_job_facts(None, None, command, folder, dict(env)),
                                    requeue_exit_code=requeue_exit_code)  # fmt: skip
         except Exception as e:  # noqa: BLE001 - the job's result comes first: say it, keep its exit status

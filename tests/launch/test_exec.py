@@ -42,6 +42,9 @@ for step in range(6):
         raise KeyError(f"shard-{step}")
     if rank == 1 and step == 3 and os.environ.get("FAIL") == "hang":
         wait_for_marker("/nonexistent/ready")
+    if rank == 1 and step == 3 and os.environ.get("FAIL") == "slow-save":
+        import time
+        time.sleep(6)  # a checkpoint written to slow storage; the others wait in the next all_reduce
     dist.all_reduce(t)
     print(f"rank {rank} step {step}", flush=True)
 dist.barrier()
@@ -165,6 +168,24 @@ def test_the_watches_call_a_hang_long_before_the_collective_timeout(tmp_path):
     assert any("in wait_for_marker" in line for line in d["evidence"]), d["evidence"]
     launcher = json.loads((diag / "attempt_0" / "rank_1" / "launcher.json").read_text())
     assert launcher["hang"]["reason"] == "--diag-hang-timeout" and launcher["rank"]["stopped_by_agent"], launcher
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(120)
+def test_a_stall_the_job_gets_over_is_a_warning_naming_the_rank_that_held_it(tmp_path):
+    """Rank 1 spends 6 s in a save while its peers wait in the next all_reduce: each watch's monitor takes its
+    own rank's part of the stall snapshot (--diag-stall-timeout 2), nothing is stopped, the job succeeds, and
+    the report warns of the stall, naming rank 1 and where it was, from the parts merged."""
+    diag = tmp_path / "diag"
+    results = _finish(_start_ranks(tmp_path, 3, {"FAIL": "slow-save", "PG_TIMEOUT": "60"}, "--diag-dir", str(diag),
+                                   "--diag-stall-timeout", "2"), 100)  # fmt: skip
+    assert [code for code, _, _ in results] == [0, 0, 0], results
+    report = json.loads((diag / "report.json").read_text())
+    assert report["status"] == "succeeded", report["diagnosis"]
+    stalls = [w for w in report["warnings"] if w["class"] == "stall"]
+    assert len(stalls) == 1 and stalls[0]["rank"] == 1 and "job.py" in (stalls[0]["where"] or ""), report["warnings"]
+    parts = sorted(p.name for p in (diag / "attempt_0" / "stall_1").glob("stall*.json"))
+    assert parts == ["stall.rank_0.json", "stall.rank_1.json", "stall.rank_2.json"], parts
 
 
 def test_a_rank_killed_by_a_signal_keeps_the_shells_exit_status(tmp_path):
