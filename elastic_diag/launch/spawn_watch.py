@@ -33,6 +33,7 @@ from elastic_diag.launch.exec_watch import (
     _CHUNK,
     Watch,
     _exit_status,
+    _import_the_judge,
     _say,
     exit_status_of,
     judge_attempt,
@@ -169,6 +170,7 @@ class SpawnWatch(Watch):
         echo = RankEcho(self.attempt_dir)
         echo.thread.start()
         self.health.start()
+        threading.Thread(target=_import_the_judge, name="elastic-diag-import", daemon=True).start()
         code = self.proc.wait()
         exit_time = time.time()
         self.wait_for_children()
