@@ -110,11 +110,12 @@ def _report(diag: Path) -> dict:
 @pytest.mark.parametrize(
     ("mode", "extra", "code", "failure_class"),
     [
-        ("exception", {}, 1, "python_exception"),
-        ("hang", {}, 1, "hang"),
+        # the parent catches torch's ProcessRaisedException, logs it and exits 2 (an uncaught one, a child
+        # SIGKILLed, a healthy run: test_exec_parity.py's mp.spawn cases)
         ("exception", {"CATCH": "1"}, 2, "python_exception"),
+        ("hang", {}, 1, "hang"),
     ],
-    ids=["exception", "hang", "caught-by-the-parent"],  # a child SIGKILLed, a healthy run: test_exec_parity.py
+    ids=["exception-caught-by-the-parent", "hang"],
 )
 def test_mp_spawn_children_are_the_ranks_and_the_culprit_is_named(tmp_path, mode, extra, code, failure_class):
     """torch's own message names the process that exited first (a waiting rank, when rank 1 hangs); the verdict
