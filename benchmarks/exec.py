@@ -19,7 +19,6 @@ disk: under torchrun-diag, srun, mpirun and a parent that calls ``torch.multipro
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
 import statistics
@@ -27,13 +26,12 @@ import subprocess
 import sys
 import tempfile
 import threading
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT / "benchmarks"), str(ROOT / "tests")]
 
-from launcher import WARMUP, _median_interval, _step_times  # noqa: E402
+from launcher import WARMUP, _median_interval, _step_times, _watch_report  # noqa: E402
 from slurm_cluster import free_port, running_cluster  # noqa: E402
 
 EXAMPLE = ROOT / "examples" / "train_ddp.py"
@@ -131,18 +129,6 @@ def overhead(rounds: int, steps: int, nproc: int, width: int) -> None:
             print(f"  each watch: CPU {statistics.median(watch_cpu):.2f} s median ({min(watch_cpu):.2f} to "
                   f"{max(watch_cpu):.2f}), peak RSS {statistics.median(watch_rss) / 1024:.1f} MiB median "
                   f"({min(watch_rss) / 1024:.1f} to {max(watch_rss) / 1024:.1f})", flush=True)  # fmt: skip
-
-
-def _watch_report(path: Path, culprit: int, seen: dict[str, float], stop: threading.Event) -> None:
-    while not stop.is_set():
-        try:
-            report = json.loads(path.read_text())
-            if report.get("status") == "failed" and report["diagnosis"].get("initiating_rank") == culprit:
-                seen["t"] = time.time()
-                return
-        except (OSError, ValueError, KeyError):
-            pass
-        time.sleep(0.005)
 
 
 def latency(repeats: int, nproc: int) -> None:
