@@ -4,7 +4,7 @@ Subcommands: ``run`` (the same as ``torchrun-diag``), ``analyze PATH...`` (offli
 ``report DIR`` (render report.html), ``verify DIR`` (show the report's verification command and where it
 comes from, ask, run it if it is on the allow-list, record the outcome: gate/report_command.py),
 ``signatures`` (list the taxonomy), ``explain ID`` (one signature as a page), ``exec -- COMMAND`` (one rank
-started by srun / mpirun under a watch: launch/exec_watch.py).
+started by srun / mpirun under a watch, or a command that spawns its ranks: launch/exec_command.py).
 ``main(argv) -> parse -> subcommand``; only ``main`` touches the exit status.
 """
 
@@ -184,7 +184,7 @@ def _cmd_verify(args: argparse.Namespace) -> int:
 
 
 def _cmd_exec(args: argparse.Namespace) -> int:
-    from elastic_diag.launch.exec_watch import run_exec
+    from elastic_diag.launch.exec_command import run_exec
 
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     if not 0 <= args.diag_grace <= 3600:

@@ -8,22 +8,24 @@ starts is one rank. Prefixed with ``elastic-diag exec --``, the task runs under 
   the command with the same worker bootstrap (exception records, stacks on a signal, the progress beacon,
   the flight recorder, secrets masked as the rank writes);
 * keeps the rank's stdout and stderr in that folder and passes them on to its own (the launcher's console);
-* forwards SIGTERM / SIGINT / SIGHUP to the rank (srun kills a step that way when a task fails) and keeps
-  waiting for it, so the exit and the evidence are on disk before the launcher's SIGKILL;
+* passes SIGTERM / SIGINT / SIGHUP on to the rank unless it got the signal itself (srun and mpirun signal a
+  whole step; the rank writes its own stacks on SIGTERM), and keeps waiting for it, so the exit and the
+  evidence are on disk before the launcher's SIGKILL;
+* runs torchrun-diag's health monitor over every rank's progress in the shared diag dir
+  (:mod:`elastic_diag.launch.exec_health`: hangs stopped with their stacks, stall snapshots);
 * writes the rank's ``launcher.json`` (its exit code or signal, its exit time, whether it was stopped from
-  outside) and then the verdict across ranks, from the same files and the same rules as ``torchrun-diag``.
+  outside) first, then the verdict across ranks, from the same files and the same rules as ``torchrun-diag``.
 
-Who writes ``report.json``: every watch, when its rank has ended, once the others have reported or a grace
-period has passed (a failed rank's watch waits ``--diag-grace`` seconds for its peers' evidence). Each
-write judges all the evidence on disk at that moment and replaces the file atomically, so the last watch
-to end leaves the verdict with the most evidence; ``elastic-diag report DIR`` judges it again at any time.
-The summary is printed by the watch of the rank the verdict names (rank 0's when none is named), so a
-step's console shows it once.
+Who writes ``report.json``: every watch, when its rank has ended, once every peer has ended or recorded its
+own exception or the grace period has passed (``--diag-grace``). Each write judges all the evidence on disk
+at that moment and replaces the file atomically, so the last watch to end leaves the verdict with the most
+evidence; ``elastic-diag report DIR`` judges it again at any time. The summary is printed once per diag
+dir, by the first watch to judge a failure (:func:`print_once`).
 
 The diag dir is shared by the job's ranks: ``--diag-dir`` / ``ELASTIC_DIAG_DIR``, else one named by the
-job (Slurm's job and step, Open MPI's job id, PMIx's namespace, ``MASTER_ADDR``/``MASTER_PORT``).
-With no rank in the environment, or no folder to write, the command runs unwatched with its own exit
-code, and a line says why. The watch imports no torch.
+job (Slurm's job and step, Open MPI's job id, PMIx's namespace, ``MASTER_ADDR``/``MASTER_PORT``). The
+watch imports no torch. :mod:`elastic_diag.launch.exec_command` picks the watch; :mod:`elastic_diag.launch.
+spawn_watch` watches a command whose children are the ranks.
 """
 
 from __future__ import annotations
@@ -40,10 +42,10 @@ from pathlib import Path
 from typing import IO, Any
 
 from elastic_diag.agent.health import HangAlarm
-from elastic_diag.config import DEFAULT_RUNS_DIR, DEFAULT_TAIL_LINES, ENV_DIAG_DIR, host_name, progress_interval
+from elastic_diag.config import DEFAULT_TAIL_LINES, host_name, progress_interval
 from elastic_diag.core.verification import JobFacts
 from elastic_diag.launch.exec_health import ExecHealth
-from elastic_diag.launch.rank_env import RankPlace, job_name, rank_from_env
+from elastic_diag.launch.rank_env import RankPlace
 from elastic_diag.layout import (
     ENV_BEACON,
     ENV_BOOT_PATH,
@@ -78,14 +80,6 @@ _CHUNK = 1 << 16
 
 def _say(text: str) -> None:
     print(f"elastic-diag exec: {text}", file=sys.stderr, flush=True)
-
-
-def shared_diag_dir(given: str | None, env: Mapping[str, str]) -> Path | None:
-    """The folder every rank of the job writes into, or None when nothing names one."""
-    if given or env.get(ENV_DIAG_DIR):
-        return Path(given or env[ENV_DIAG_DIR]).absolute()
-    name = job_name(env)
-    return Path.cwd() / DEFAULT_RUNS_DIR / name.replace("/", "_") if name else None
 
 
 def run_unwatched(command: Sequence[str], why: str) -> int:
@@ -424,49 +418,3 @@ def exit_status_of(code: int, report: dict[str, Any] | None) -> int:
     if code != 0 and isinstance(requeue, dict) and requeue.get("requeue") and isinstance(requeue.get("exit_code"), int):
         return int(requeue["exit_code"])
     return _exit_status(code)
-
-
-def run_exec(command: Sequence[str], *, diag_dir: str | None = None, grace_s: float = DEFAULT_GRACE_S,
-             env: Mapping[str, str] | None = None, hang_timeout_s: float | None = None,
-             stall_timeout_s: float | None = None, requeue_exit_code: int | None = None) -> int:  # fmt: skip
-    """``elastic-diag exec``: the command's own exit status, whatever the diagnosis does."""
-    env = os.environ if env is None else env
-    if not command:
-        _say("error: no command: elastic-diag exec [--diag-dir DIR] -- COMMAND ...")
-        return 2
-    place = rank_from_env(env)
-    if place is None:
-        from elastic_diag.launch.spawn_watch import run_spawn_watch
-
-        return run_spawn_watch(command, diag_dir=diag_dir, grace_s=grace_s, env=env, hang_timeout_s=hang_timeout_s,
-                               stall_timeout_s=stall_timeout_s, requeue_exit_code=requeue_exit_code)  # fmt: skip
-    folder = shared_diag_dir(diag_dir, env)
-    if folder is None:
-        why = (
-            f"rank {place.rank}: no diag dir: pass --diag-dir DIR or set {ENV_DIAG_DIR} to a folder every rank "
-            "can write (nothing in the environment names the job)"
-        )
-        return run_unwatched(command, why)
-    watch = RankWatch(command, place, folder, grace_s, env, hang_timeout_s=hang_timeout_s,
-                      stall_timeout_s=stall_timeout_s, requeue_exit_code=requeue_exit_code)  # fmt: skip
-    try:
-        watch.prepare()
-    except OSError as e:
-        return run_unwatched(command, f"rank {place.rank}: the diag dir {str(folder)!r} is not writable "
-                                      f"({e.strerror or e})")  # fmt: skip
-    try:
-        code = watch.run()
-        if code == 127 and watch.proc is None:
-            return code
-        try:
-            watch.wait_for_peers(code != 0)
-            report = watch.judge()
-        except Exception as e:  # noqa: BLE001 - the job's result comes first: say it, keep its exit status
-            _say(f"rank {place.rank}: the verdict could not be written ({e!r}); `elastic-diag report {folder}` "
-                 "judges the evidence again")  # fmt: skip
-            return _exit_status(code)
-        if report is not None and report["status"] != "succeeded":
-            print_once(report, folder)
-        return exit_status_of(code, report)
-    finally:
-        watch.restore_signals()

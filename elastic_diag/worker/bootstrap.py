@@ -55,7 +55,6 @@ from elastic_diag.layout import (
     ENV_LAUNCHER_PID,
     ENV_NO_TORCH_HOOKS,
     ENV_RANK_DIR,
-    ENV_SPAWN_DIR,
     ENV_STACK_ON_TERM,
     EXCEPTION_FILE,
     PRIVATE_FILE_MODE,
@@ -375,17 +374,9 @@ def _at_exit(b: beacon.Beacon) -> None:
 
 
 def install_from_env(cpu_at_start: float | None = None) -> None:
+    """The rank's hooks when the launcher named its folder (``ELASTIC_DIAG_RANK_DIR``)."""
     rank_dir = os.environ.get(ENV_RANK_DIR)
     if not rank_dir:
-        spawn_dir = os.environ.get(ENV_SPAWN_DIR)
-        if spawn_dir:  # elastic-diag exec of a command whose children are the ranks
-            try:
-                from elastic_diag.worker import spawned
-
-                spawned.install(spawn_dir)
-            except Exception as e:
-                print(f"elastic_diag: the spawned ranks' hooks failed, their evidence will be partial: {e!r}",
-                      file=sys.stderr)  # fmt: skip
         return
     try:
         install(rank_dir, cpu_at_start)

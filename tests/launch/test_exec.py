@@ -201,7 +201,7 @@ def test_a_rank_killed_by_a_signal_keeps_the_shells_exit_status(tmp_path):
 
 
 def test_the_watch_imports_no_torch(tmp_path):
-    code = ("import sys; from elastic_diag.launch.exec_watch import run_exec; "
+    code = ("import sys; from elastic_diag.launch.exec_command import run_exec; "
             "c = run_exec([sys.executable, '-c', 'pass'], diag_dir=sys.argv[1]); "
             "print(c, 'torch' in sys.modules)")  # fmt: skip
     p = subprocess.run([sys.executable, "-c", code, str(tmp_path / "d")], env={**os.environ, "RANK": "0"},

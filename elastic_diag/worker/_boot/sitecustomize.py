@@ -30,7 +30,7 @@ def _chain_to_original() -> None:
 
 
 try:
-    from elastic_diag.worker.bootstrap import install_from_env
+    from elastic_diag.worker.start import install_from_env
 except Exception as e:  # the package is not importable from this interpreter: run without evidence
     print(f"elastic_diag: worker bootstrap unavailable: {e!r}", file=sys.stderr)
 else:
