@@ -76,6 +76,7 @@ def test_the_rank_from_each_launchers_variables(env, want):
 
 def test_a_name_every_rank_of_a_job_computes_alike():
     assert job_name({"SLURM_JOB_ID": "41", "SLURM_STEP_ID": "2"}) == "slurm-41.2"
+    assert job_name({"SLURM_JOB_ID": "41", "SLURM_STEP_ID": "0", "SLURM_RESTART_COUNT": "1"}) == "slurm-41.0-r1"
     assert job_name({"OMPI_MCA_ess_base_jobid": "123456"}) == "ompi-123456"
     assert job_name({"MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "29500"}) == "exec-10.0.0.1-29500"
     assert job_name({"SLURM_JOB_ID": "41"}) is None and job_name({}) is None

@@ -138,8 +138,10 @@ def test_mp_spawn_children_are_the_ranks_and_the_culprit_is_named(tmp_path, mode
     if mode == "exception":
         assert "IndexError: list index out of range" in json.dumps(d["evidence"]), d["evidence"]
         assert json.loads((attempt / "rank_1" / "exception.json").read_text())["type"] == "IndexError"
-        # its exit 1, or SIGTERM from torch's teardown when a peer's "connection closed" ended first
-        assert launcher["exit_code"] == 1 or (launcher["exit_code"] == -15 and launcher["stopped_by_agent"]), launcher
+        # its exit 1; SIGTERM from torch's teardown when a peer's "connection closed" ended first; or SIGABRT when
+        # its interpreter tore down with gloo's threads still joinable (the exception stays the verdict)
+        code = launcher["exit_code"]
+        assert code in (1, -6) or (code == -15 and launcher["stopped_by_agent"]), launcher
     else:  # the hang: torch stopped rank 1 (SIGTERM) after rank 0 or 2 timed out
         assert launcher["stopped_by_agent"] and launcher["exit_code"] == -15, launcher
         assert any("train.py:17 in train" in line for line in d["evidence"]), d["evidence"]
