@@ -17,7 +17,6 @@ looked for, and the folder is removed (kept, with the command's streams, when th
 from __future__ import annotations
 
 import contextlib
-import os
 import shutil
 import sys
 import threading
@@ -34,6 +33,7 @@ from elastic_diag.launch.exec_watch import (
     Watch,
     _exit_status,
     _import_the_judge,
+    _running,
     _say,
     exit_status_of,
     judge_attempt,
@@ -239,18 +239,7 @@ class SpawnWatch(Watch):
 
 
 def _alive(pid: object) -> bool:
-    if not isinstance(pid, int) or pid <= 0:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except OSError:
-        return True
-    try:  # a zombie is not alive
-        return Path(f"/proc/{pid}/stat").read_text().split(") ", 1)[1][:1] != "Z"
-    except (OSError, IndexError):
-        return True
+    return isinstance(pid, int) and pid > 0 and _running(pid)
 
 
 def run_spawn_watch(command: Sequence[str], *, diag_dir: str | None, grace_s: float, env: Mapping[str, str],

@@ -29,12 +29,12 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
-import socket
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
+from elastic_diag.config import host_name
 from elastic_diag.layout import (
     EXITS_DIR,
     JOINED_FILE,
@@ -51,11 +51,6 @@ _state: dict[str, Any] = {}
 _signalled: dict[int, int] = {}  # pid -> the signal this process sent it (terminate / kill)
 _stack_offsets: dict[int, int] = {}  # pid -> where the stack taken before stopping it begins in its stacks.txt
 STACK_WAIT_S = 1.5  # all ranks together: what the stacks taken before the teardown may cost
-
-
-def _host() -> str:
-    """The node's name as the watch computes it (:func:`elastic_diag.config.host_name`)."""
-    return os.environ.get("SLURMD_NODENAME", "").strip() or socket.gethostname()
 
 
 def install(attempt_dir: str) -> None:
@@ -106,7 +101,7 @@ def _joined(rank: int, world_size: int | None, how: str) -> Path | None:
     from elastic_diag.worker import bootstrap
 
     attempt_dir: Path = _state["attempt_dir"]
-    host = _host()
+    host = host_name()
     folder, claimed = claim_rank_dir(attempt_dir, rank, host)
     _state["rank"] = rank
     for stream in (sys.stdout, sys.stderr):
