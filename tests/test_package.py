@@ -52,7 +52,7 @@ MAY_IMPORT = {
     "report": {"base", "layout", "core", "report"},
     "offline": {"base", "layout", "core", "report", "offline"},
     "gate": {"base", "layout", "core", "report", "gate"},  # the verification's judgement is the core's
-    "worker": {"layout", "worker"},
+    "worker": {"base", "layout", "worker"},
     "agent": {"base", "layout", "core", "report", "gate", "worker", "agent"},
     "launch": {"base", "layout", "core", "report", "gate", "worker", "agent", "launch"},
     "front": set(LAYER_OF.values()),

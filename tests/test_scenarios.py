@@ -8,6 +8,7 @@ nothing (a rank's own failure), three where the evidence is a majority (mismatch
 
 from __future__ import annotations
 
+import shutil
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -312,6 +313,14 @@ def _id(s: Scenario) -> str:
     return name + "".join(f"-{k}={v}" for k, v in s.env.items() if k.startswith("TORCH_"))
 
 
+def _torch_teardown_abort(run: Any) -> bool:
+    """The verdict is a rank's SIGABRT and the rank printed 'terminate called without an active exception': torch's
+    own teardown, not the script's (the healthy scripts end with destroy_process_group)."""
+    return run.report["diagnosis"]["failure_class"] == "abort" and (
+        "terminate called without an active exception" in run.stderr
+    )
+
+
 @pytest.mark.parametrize("scenario", CASES, ids=[_id(s) for s in CASES])
 def test_scenario(tmp_path: Path, scenario: Scenario) -> None:
     argv = torchrun_diag("--standalone", "--nproc-per-node", str(scenario.nproc), *scenario.flags,
@@ -320,6 +329,12 @@ def test_scenario(tmp_path: Path, scenario: Scenario) -> None:
     # the scripts' own temporary files (tempfile.mkdtemp: caches, sidecars' FIFOs) go into the test's folder
     env = {"TMPDIR": str(tmp_path), **{k: v.replace("{tmp}", str(tmp_path)) for k, v in scenario.env.items()}}
     run = launch(argv, tmp_path / "diag", timeout=scenario.timeout, env=env)
+    if scenario.returncode == 0 and run.returncode != 0 and _torch_teardown_abort(run):
+        # torch 2.13's gloo can abort a rank at interpreter exit after a clean destroy_process_group (a C++
+        # thread still joinable: 1 run in 30 of this test's healthy scripts under plain torchrun too); the
+        # verdict (abort, that rank) is right, the job did fail; the healthy run is tried once more
+        shutil.rmtree(tmp_path / "diag")
+        run = launch(argv, tmp_path / "diag", timeout=scenario.timeout, env=env)
     assert run.returncode == scenario.returncode, run.stderr[-4000:]
     report = run.report
     d = report["diagnosis"]
