@@ -25,7 +25,7 @@ def render_page(sig: Signature) -> str:
     out = [HEADER, "", f"# {sig.title}", ""]
     out.append(f"`{sig.id}` · class `{sig.failure_class}` · marks the {sig.role_hint} rank"
                + ("" if sig.role_hint != "either" else " (either)")
-               + f" · retryable: {'yes' if sig.retryable else 'no'}")  # fmt: skip
+               + f" · retryable: {'yes' if sig.retryable else 'no'} · blamed on: {sig.blame}")  # fmt: skip
     out += ["", "## Checklist", "", "In this order, on the failed job:", ""]
     for i, (title, lines) in enumerate(signature_checklist(sig), start=1):
         if title == "Where":
@@ -59,10 +59,10 @@ def render_page(sig: Signature) -> str:
 
 def render_index(tax: Taxonomy) -> str:
     out = [HEADER, "", "# Failure signatures", "", f"{len(tax)} signatures, by failure class.", "",
-           "| signature | class | marks | retryable |", "|---|---|---|---|"]  # fmt: skip
+           "| signature | class | marks | retryable | blamed on |", "|---|---|---|---|---|"]  # fmt: skip
     for sig in sorted(tax, key=lambda s: (s.failure_class, s.id)):
         out.append(f"| [{sig.title}]({sig.id}.md) | `{sig.failure_class}` | {sig.role_hint} | "
-                   f"{'yes' if sig.retryable else 'no'} |")  # fmt: skip
+                   f"{'yes' if sig.retryable else 'no'} | {sig.blame} |")  # fmt: skip
     out.append("")
     return "\n".join(out)
 

@@ -54,9 +54,14 @@ def test_nccl_watchdog_fields_are_parsed():
     [
         ("[[signature]]\nid='x'", "lacks the required field"),
         (
-            "[[signature]]\nid='x'\nclass='nope'\ntitle='t'\nrole_hint='initiating'\nretryable=true\n"
+            "[[signature]]\nid='x'\nclass='nope'\ntitle='t'\nrole_hint='initiating'\nretryable=true\nblame='job'\n"
             "meaning='m'\nfix='f'\nverify='v'",
             "unknown class",
+        ),
+        (
+            "[[signature]]\nid='x'\nclass='abort'\ntitle='t'\nrole_hint='initiating'\nretryable=true\nblame='gpu'\n"
+            "meaning='m'\nfix='f'\nverify='v'",
+            "blame must be one of",
         ),
         ("[[signature]\n", "not valid TOML"),
         ("[[signature]]\nid='x'\nbogus=1", "unknown fields"),
@@ -65,6 +70,16 @@ def test_nccl_watchdog_fields_are_parsed():
 def test_malformed_data_is_named(text, message):
     with pytest.raises(TaxonomyError, match=message):
         parse_signatures(text, "bad.toml")
+
+
+def test_only_host_faults_are_blamed_on_the_node():
+    """A user's bug never counts against a host: every signature of the job's own classes is blamed on the job,
+    and the node is blamed only for what the hardware or the host's network prints."""
+    node = {s.id for s in TAX if s.blame == "node"}
+    assert node == {"gpu-xid-ecc", "nccl-network-error", "nccl-remote-error", "node-lost"}
+    for sig in TAX:
+        if sig.failure_class in ("python_exception", "collective_desync", "collective_mismatch", "cuda_oom", "nan_inf"):
+            assert sig.blame in ("job", "infra"), sig.id
 
 
 def test_signature_docs_are_not_stale():

@@ -46,6 +46,9 @@ FAILURE_CLASSES = (
 )
 RoleHint = Literal["initiating", "collateral", "either"]  # what a matching line says of its rank
 ROLE_HINTS: tuple[RoleHint, ...] = get_args(RoleHint)
+# what a failure of the signature can be blamed on (the ledger, docs/fleet.md): only ``node`` counts against a host
+Blame = Literal["node", "job", "infra", "unknown"]
+BLAMES: tuple[Blame, ...] = get_args(Blame)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -55,6 +58,7 @@ class Signature:
     title: str
     role_hint: RoleHint
     retryable: bool
+    blame: Blame
     meaning: str
     confirm: tuple[str, ...]
     fix: str
@@ -86,6 +90,8 @@ class Signature:
             raise TaxonomyError(f"signature {self.id!r}: unknown class {self.failure_class!r}")
         if self.role_hint not in ROLE_HINTS:
             raise TaxonomyError(f"signature {self.id!r}: role_hint must be one of {ROLE_HINTS}")
+        if self.blame not in BLAMES:
+            raise TaxonomyError(f"signature {self.id!r}: blame must be one of {BLAMES}")
 
     def search(self, line: str) -> re.Match[str] | None:
         """The first pattern match in ``line``, or None."""
@@ -103,7 +109,7 @@ class Signature:
 
 
 _FIELDS = {
-    "id", "class", "title", "role_hint", "retryable", "meaning", "confirm", "fix", "verify",
+    "id", "class", "title", "role_hint", "retryable", "blame", "meaning", "confirm", "fix", "verify",
     "patterns", "near_misses", "examples", "exception_types", "signals", "siblings", "priority",
     "literals", "wraps",
 }  # fmt: skip
@@ -137,6 +143,7 @@ def _signature_from_table(table: dict[str, object], source: str, *, checked: boo
             title=str(table["title"]),
             role_hint=cast("RoleHint", str(table["role_hint"])),  # checked in __post_init__
             retryable=bool(table["retryable"]),
+            blame=cast("Blame", str(table["blame"])),  # checked in __post_init__
             meaning=str(table["meaning"]).strip(),
             confirm=strings("confirm"),
             fix=str(table["fix"]).strip(),
