@@ -16,6 +16,7 @@ import sys
 import textwrap
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from elastic_diag.errors import EXIT_FAILED, EXIT_NOT_RUN, EXIT_OK, EXIT_USAGE, CommandRefused, ElasticDiagError
 
@@ -98,7 +99,26 @@ def _cmd_analyze(args: argparse.Namespace) -> int:
     if not analysis.files:
         print(f"elastic-diag: error: nothing readable in {', '.join(args.paths)}", file=sys.stderr)
         return EXIT_USAGE
+    if args.record:
+        _record_analysis(analysis, args)
     return EXIT_FAILED if analysis.failure_seen else EXIT_OK
+
+
+def _record_analysis(analysis: Any, args: argparse.Namespace) -> None:
+    """``analyze --record``: the verdict in the ledger, as one attempt of a run named by the files analysed (the
+    same files again replace it)."""
+    import hashlib
+
+    from elastic_diag.ledger.tell import TellOptions, record_verdict
+
+    data = analysis.to_json()
+    paths = sorted(os.path.abspath(p) for p in args.paths)
+    run_id = "analyze:" + hashlib.sha256("\0".join(paths).encode()).hexdigest()[:16]
+    report = {"run_id": run_id, "status": "failed" if analysis.failure_seen else "succeeded",
+              "diagnosis": data.get("diagnosis"), "ranks": data.get("ranks")}  # fmt: skip
+    options = TellOptions.resolve(ledger=args.diag_ledger)
+    for line in record_verdict(report, paths[0], options, source="analyze"):
+        print(f"elastic-diag: {line}", file=sys.stderr)
 
 
 def _diag_dir(arg: str) -> Path | None:
@@ -201,6 +221,10 @@ def _cmd_exec(args: argparse.Namespace) -> int:
 
     requeue = (parse_requeue_exit_code(args.diag_requeue_exit_code) if args.diag_requeue_exit_code is not None
                else parse_requeue_exit_code(os.environ.get(ENV_REQUEUE_EXIT_CODE), ENV_REQUEUE_EXIT_CODE))  # fmt: skip
+    from elastic_diag.ledger.tell import TellOptions
+
+    tell_options = TellOptions.resolve(ledger=args.diag_ledger, notify=args.diag_notify,
+                                       notify_cmd=args.diag_notify_cmd)  # fmt: skip
 
     return run_exec(command, diag_dir=args.diag_dir, grace_s=args.diag_grace,
                     hang_timeout_s=parse_hang_timeout(args.diag_hang_timeout or os.environ.get(ENV_HANG_TIMEOUT, ""),
@@ -208,7 +232,87 @@ def _cmd_exec(args: argparse.Namespace) -> int:
                     stall_timeout_s=parse_hang_timeout(args.diag_stall_timeout
                                                        or os.environ.get(ENV_STALL_TIMEOUT, ""),
                                                        "--diag-stall-timeout"),
-                    requeue_exit_code=requeue)  # fmt: skip
+                    requeue_exit_code=requeue, tell_options=tell_options)  # fmt: skip
+
+
+def _ledger_flags(parser: argparse.ArgumentParser, notify: bool = True) -> None:
+    parser.add_argument(
+        "--diag-ledger",
+        metavar="PATH|URL|off",
+        help="the ledger of verdicts: a SQLite file (default "
+        "$XDG_STATE_HOME/elastic_diag/ledger.sqlite) or postgresql://... (env ELASTIC_DIAG_LEDGER)",
+    )
+    if notify:
+        parser.add_argument("--diag-notify", metavar="URL",
+                            help="POST a failed verdict as JSON to URL (Slack / Teams `text` and the verdict's fields; "
+                            "env ELASTIC_DIAG_NOTIFY)")  # fmt: skip
+        parser.add_argument(
+            "--diag-notify-cmd",
+            metavar="CMD",
+            help="run CMD REPORT_PATH after a failed verdict (no shell; env ELASTIC_DIAG_NOTIFY_CMD)",
+        )
+
+
+def _cmd_fleet(args: argparse.Namespace) -> int:
+    from elastic_diag.ledger.fleet import ExclusionRule, fleet_view, scontrol_drain, view_json
+    from elastic_diag.ledger.fleet_page import fleet_html, fleet_text
+    from elastic_diag.ledger.store import Ledger, LedgerError, ledger_url
+
+    url = ledger_url(args.diag_ledger)
+    if url is None:
+        print("elastic-diag: error: the ledger is off (--diag-ledger off or ELASTIC_DIAG_LEDGER=off)", file=sys.stderr)
+        return EXIT_USAGE
+    if url.startswith("sqlite:///") and not Path(url.removeprefix("sqlite:///")).exists():
+        print(f"elastic-diag: error: no ledger at {url.removeprefix('sqlite:///')} (no verdict recorded yet; "
+              "--diag-ledger PATH|URL names another)", file=sys.stderr)  # fmt: skip
+        return EXIT_USAGE
+    rule = ExclusionRule(window_days=args.window_days, min_node_failures=args.min_node_failures,
+                         widespread_hosts=args.widespread_hosts)  # fmt: skip
+    ledger = Ledger(url)
+    try:
+        view = fleet_view(ledger, rule)
+    except LedgerError as e:
+        print(f"elastic-diag: error: {e}", file=sys.stderr)
+        return EXIT_FAILED
+    finally:
+        ledger.close()
+    for note in ledger.notes:
+        print(f"elastic-diag: {note}", file=sys.stderr)
+    from elastic_diag.layout import write_atomic
+
+    if args.html:
+        write_atomic(Path(args.html), fleet_html(view), redact=False)
+    if args.prometheus:
+        from elastic_diag.ledger.fleet import prometheus_text
+
+        write_atomic(Path(args.prometheus), prometheus_text(view), redact=False)
+    print(view_json(view) if args.json else fleet_text(view))
+    if args.apply:
+        return _drain(view, scontrol_drain)
+    return EXIT_OK
+
+
+def _drain(view: dict[str, Any], scontrol_drain: Any) -> int:
+    """``--apply``: each recommended host drained with scontrol (its reason says why); exit 1 if one was not."""
+    import shutil
+    import subprocess
+
+    if not view["exclude"]:
+        return EXIT_OK
+    if shutil.which("scontrol") is None:
+        print("elastic-diag: error: --apply: scontrol is not on PATH (this is not a Slurm host)", file=sys.stderr)
+        return EXIT_FAILED
+    why = {h["host"]: h["why"] for h in view["hosts"]}
+    failed = 0
+    for host in view["exclude"]:
+        argv = scontrol_drain(host, ("elastic_diag: " + why.get(host, "").split(";")[0])[:120])
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=30, check=False)
+        if done.returncode == 0:
+            print(f"elastic-diag: drained {host}", file=sys.stderr)
+        else:
+            failed += 1
+            print(f"elastic-diag: could not drain {host}: {done.stderr.strip()[:200]}", file=sys.stderr)
+    return EXIT_FAILED if failed else EXIT_OK
 
 
 def _yes_on_terminal() -> bool:
@@ -238,6 +342,9 @@ def get_parser() -> argparse.ArgumentParser:
     analyze = sub.add_parser("analyze", help="diagnose a failed job from its log files, locally")
     analyze.add_argument("paths", nargs="+", help="log files, torchrun log dirs, elastic_diag diag dirs")
     analyze.add_argument("--json", action="store_true", help="print one JSON object (elastic_diag.analysis/1)")
+    analyze.add_argument("--record", action="store_true",
+                         help="append the verdict to the ledger (--diag-ledger, env ELASTIC_DIAG_LEDGER)")  # fmt: skip
+    _ledger_flags(analyze, notify=False)
     analyze.set_defaults(func=_cmd_analyze)
     report = sub.add_parser("report", help="(re)render report.html of a diag dir, from its report.json")
     report.add_argument("diag_dir", help="the run's diag dir (or its report.json)")
@@ -284,8 +391,22 @@ def get_parser() -> argparse.ArgumentParser:
     run_one.add_argument("--diag-requeue-exit-code", metavar="N",
                          help="as torchrun-diag's: exit N when the verdict asks for a new allocation (a retryable "
                          "failure), for Slurm's RequeueExit= (env ELASTIC_DIAG_REQUEUE_EXIT_CODE)")  # fmt: skip
+    _ledger_flags(run_one)
     run_one.add_argument("command", nargs=argparse.REMAINDER, help="the rank's command, after --")
     run_one.set_defaults(func=_cmd_exec)
+    fleet = sub.add_parser("fleet", help="the hosts ranked by the failures blamed on them; which to keep out")
+    _ledger_flags(fleet, notify=False)
+    fleet.add_argument("--window-days", type=float, default=14.0, metavar="D", help="the window (default 14 days)")
+    fleet.add_argument("--min-node-failures", type=int, default=2, metavar="N",
+                       help="recommend excluding a host with N node failures in the window (default 2)")  # fmt: skip
+    fleet.add_argument("--widespread-hosts", type=int, default=3, metavar="N",
+                       help="list a failure seen on N hosts or more as widespread (default 3)")  # fmt: skip
+    fleet.add_argument("--json", action="store_true", help="print one JSON object (elastic_diag.fleet/1)")
+    fleet.add_argument("--html", metavar="FILE", help="write the fleet page (self-contained HTML)")
+    fleet.add_argument("--prometheus", metavar="FILE", help="write a Prometheus textfile (node_exporter)")
+    fleet.add_argument("--apply", action="store_true",
+                       help="drain the recommended hosts with scontrol (Slurm; the reason says why)")  # fmt: skip
+    fleet.set_defaults(func=_cmd_fleet)
     explain = sub.add_parser("explain", help="explain one failure signature")
     explain.add_argument("signature_id")
     explain.set_defaults(func=_cmd_explain)

@@ -15,6 +15,10 @@ settings.register_profile("ci", max_examples=25, deadline=None, derandomize=Fals
 settings.register_profile("thorough", max_examples=2000, deadline=None)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
+# the ledger of verdicts is on by default, in the user's state dir: the suite's hundreds of runs must not write
+# there (nor pay 0.3 s each for it); tests/ledger/ turns it on with a ledger of their own
+os.environ["ELASTIC_DIAG_LEDGER"] = "off"
+
 
 def pytest_sessionstart(session: pytest.Session) -> None:
     """The parity records (parity.py) of an earlier session are removed, once (by the xdist controller)."""

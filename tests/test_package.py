@@ -41,6 +41,7 @@ LAYER_OF = {
     "elastic_diag.layout": "layout", "elastic_diag.redaction": "layout",
     "elastic_diag.core": "core", "elastic_diag.report": "report", "elastic_diag.offline": "offline",
     "elastic_diag.gate": "gate", "elastic_diag.worker": "worker", "elastic_diag.agent": "agent",
+    "elastic_diag.ledger": "ledger",
     "elastic_diag.launch": "launch", "elastic_diag.cli": "front", "elastic_diag.run": "front",
     "elastic_diag.rendezvous": "front", "elastic_diag.capture": "front", "elastic_diag": "front",
     "elastic_diag.__main__": "front",
@@ -53,8 +54,9 @@ MAY_IMPORT = {
     "offline": {"base", "layout", "core", "report", "offline"},
     "gate": {"base", "layout", "core", "report", "gate"},  # the verification's judgement is the core's
     "worker": {"base", "layout", "worker"},
-    "agent": {"base", "layout", "core", "report", "gate", "worker", "agent"},
-    "launch": {"base", "layout", "core", "report", "gate", "worker", "agent", "launch"},
+    "ledger": {"base", "layout", "core", "ledger"},  # the verdicts kept and told: no report, no torch
+    "agent": {"base", "layout", "core", "report", "gate", "worker", "ledger", "agent"},
+    "launch": {"base", "layout", "core", "report", "gate", "worker", "ledger", "agent", "launch"},
     "front": set(LAYER_OF.values()),
 }  # fmt: skip
 

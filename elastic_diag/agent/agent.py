@@ -94,6 +94,15 @@ class DiagAgent(LocalElasticAgent):
         print_summary(end.report, str(self._session.report_path), unwritten=self._session.unwritten)
         if end.requeue_line:
             print(end.requeue_line, file=sys.stderr)
+        from elastic_diag.ledger.tell import TellOptions, after_verdict  # the environment's ledger and notifications
+
+        try:
+            lines = after_verdict(end.report, str(self._session.report_path), TellOptions.resolve(),
+                                  source="torchrun", diag_dir=self._session.report_path.parent)  # fmt: skip
+        except Exception as e:  # noqa: BLE001 - the job's outcome comes first (a bad ELASTIC_DIAG_LEDGER too)
+            lines = [f"the verdict was not recorded or told: {e}"]
+        for line in lines:
+            print(f"elastic_diag: {line}", file=sys.stderr)
         return end.exit_code
 
     def _invoke_run(self, role: str = DEFAULT_ROLE) -> RunResult:

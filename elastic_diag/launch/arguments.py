@@ -102,6 +102,27 @@ def get_parser() -> argparse.ArgumentParser:
         "deterministic failure exits 1 as torchrun does (env ELASTIC_DIAG_REQUEUE_EXIT_CODE).",
     )
     group.add_argument(
+        "--diag-ledger",
+        default=None,
+        metavar="PATH|URL|off",
+        help="Append every attempt's verdict to this ledger: a SQLite file (the default: "
+        "$XDG_STATE_HOME/elastic_diag/ledger.sqlite) or postgresql://... for a team; `elastic-diag fleet` reads it "
+        "(env ELASTIC_DIAG_LEDGER).",
+    )
+    group.add_argument(
+        "--diag-notify",
+        default=None,
+        metavar="URL",
+        help="POST a failed run's verdict as JSON to URL (a Slack- or Teams-compatible `text` and the structured "
+        "verdict; bounded in time, never changes the exit status; env ELASTIC_DIAG_NOTIFY).",
+    )
+    group.add_argument(
+        "--diag-notify-cmd",
+        default=None,
+        metavar="CMD",
+        help="Run CMD REPORT_PATH (no shell) after a failed run's verdict (env ELASTIC_DIAG_NOTIFY_CMD).",
+    )
+    group.add_argument(
         "--diag-termination-log",
         default=None,
         metavar="PATH|auto|off",

@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from elastic_diag.config import DEFAULT_RUNS_DIR, ENV_DIAG_DIR
 from elastic_diag.launch.exec_watch import (
@@ -15,11 +16,14 @@ from elastic_diag.launch.exec_watch import (
     _exit_status,
     _say,
     exit_status_of,
-    print_once,
+    keep_verdict,
     run_unwatched,
 )
 from elastic_diag.launch.rank_env import job_name, rank_from_env
 from elastic_diag.launch.spawn_watch import run_spawn_watch
+
+if TYPE_CHECKING:
+    from elastic_diag.ledger.tell import TellOptions
 
 
 def shared_diag_dir(given: str | None, env: Mapping[str, str]) -> Path | None:
@@ -32,8 +36,10 @@ def shared_diag_dir(given: str | None, env: Mapping[str, str]) -> Path | None:
 
 def run_exec(command: Sequence[str], *, diag_dir: str | None = None, grace_s: float = DEFAULT_GRACE_S,
              env: Mapping[str, str] | None = None, hang_timeout_s: float | None = None,
-             stall_timeout_s: float | None = None, requeue_exit_code: int | None = None) -> int:  # fmt: skip
-    """``elastic-diag exec``: the command's own exit status, whatever the diagnosis does."""
+             stall_timeout_s: float | None = None, requeue_exit_code: int | None = None,
+             tell_options: TellOptions | None = None) -> int:  # fmt: skip
+    """``elastic-diag exec``: the command's own exit status, whatever the diagnosis does. ``tell_options``: the
+    ledger and the notifications of the verdict (None: neither)."""
     env = os.environ if env is None else env
     if not command:
         _say("error: no command: elastic-diag exec [--diag-dir DIR] -- COMMAND ...")
@@ -41,7 +47,8 @@ def run_exec(command: Sequence[str], *, diag_dir: str | None = None, grace_s: fl
     place = rank_from_env(env)
     if place is None:
         return run_spawn_watch(command, diag_dir=diag_dir, grace_s=grace_s, env=env, hang_timeout_s=hang_timeout_s,
-                               stall_timeout_s=stall_timeout_s, requeue_exit_code=requeue_exit_code)  # fmt: skip
+                               stall_timeout_s=stall_timeout_s, requeue_exit_code=requeue_exit_code,
+                               tell_options=tell_options)  # fmt: skip
     folder = shared_diag_dir(diag_dir, env)
     if folder is None:
         why = (
@@ -67,8 +74,8 @@ def run_exec(command: Sequence[str], *, diag_dir: str | None = None, grace_s: fl
             _say(f"rank {place.rank}: the verdict could not be written ({e!r}); `elastic-diag report {folder}` "
                  "judges the evidence again")  # fmt: skip
             return _exit_status(code)
-        if report is not None and report["status"] != "succeeded":
-            print_once(report, folder)
+        if report is not None:
+            keep_verdict(report, folder, tell_options, show=report["status"] != "succeeded")
         return exit_status_of(code, report)
     finally:
         watch.restore_signals()

@@ -39,7 +39,7 @@ import threading
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
 from elastic_diag.agent.health import HangAlarm
 from elastic_diag.config import DEFAULT_TAIL_LINES, host_name, progress_interval
@@ -70,6 +70,9 @@ from elastic_diag.layout import (
     rank_dir_name,
     write_json_atomic,
 )
+
+if TYPE_CHECKING:
+    from elastic_diag.ledger.tell import TellOptions
 
 BOOT_DIR = str(Path(__file__).resolve().parents[1] / "worker" / "_boot")
 DEFAULT_GRACE_S = 5.0
@@ -358,6 +361,25 @@ def print_once(report: dict[str, Any], diag_dir: Path) -> bool:
 
     print_summary(report, str(diag_dir / REPORT_FILE))
     return True
+
+
+def keep_verdict(report: dict[str, Any], diag_dir: Path, options: TellOptions | None, *, show: bool) -> None:
+    """The verdict's summary printed once per job (``show``: a failure, :func:`print_once`), recorded in the ledger
+    by every watch that judged it (the same attempt again replaces its row), and told by the watch that printed
+    it; bounded, never changes the exit status."""
+    printed = show and print_once(report, diag_dir)
+    if options is None:
+        return
+    from elastic_diag.ledger.tell import record_verdict, tell
+
+    try:
+        lines = record_verdict(report, str(diag_dir / REPORT_FILE), options, source="exec")
+        if printed:
+            lines += tell(report, str(diag_dir / REPORT_FILE), options, diag_dir=diag_dir)
+    except Exception as e:  # noqa: BLE001 - the job's outcome comes first
+        lines = [f"the verdict was not recorded or told: {e!r}"]
+    for line in lines:
+        _say(line)
 
 
 def judge_attempt(diag_dir: Path, size: int | None, node: str, notes: list[str], *, command_failed: bool = False,

@@ -30,6 +30,7 @@ from elastic_diag.launch.arguments import get_parser
 from elastic_diag.layout import ENV_SWITCH
 
 if TYPE_CHECKING:
+    from elastic_diag.ledger.tell import TellOptions
     from elastic_diag.report.session import DiagSession, RunEnd
 
 logger = logging.getLogger("elastic_diag")
@@ -115,6 +116,10 @@ def run_diagnosed(args: argparse.Namespace, argv: Sequence[str] | None = None) -
         termination_log=args.diag_termination_log,
     )
     load_policy(config.restart_policy)  # a usage error before anything starts (open_session loads it again)
+    from elastic_diag.ledger.tell import TellOptions
+
+    tell_options = TellOptions.resolve(ledger=args.diag_ledger, notify=args.diag_notify,
+                                       notify_cmd=args.diag_notify_cmd)  # fmt: skip
     config.check_folder_path()
     problem = config.writable_problem()
     if problem is not None:  # the job comes first: it runs as plain torchrun would, and exits as it would
@@ -145,26 +150,36 @@ def run_diagnosed(args: argparse.Namespace, argv: Sequence[str] | None = None) -
             except Exception as copy_error:
                 session.internal_error("copying the root cause into the launcher's error file", copy_error)
         print(str(e), file=sys.stderr)
-        return _announce(end, session)
+        return _announce(end, session, tell_options)
     except SignalException as e:  # scancel, a time limit, preemption, an eviction, Ctrl-C
         end = session.end("stopped", signum=int(e.sigval))
         defer_stop_signals(exiting=True)  # a late repeat of the signal must not turn exit 143 into a kill
-        return _announce(end, session)
+        return _announce(end, session, tell_options)
     except BaseException as e:
         end = session.end("failed", launch_error="".join(traceback.format_exception(e)))
         if end.exit_code != EXIT_FAILED:  # a rendezvous timeout that asks for a requeue
             traceback.print_exception(e)
-            return _announce(end, session)
-        _announce(end, session)
+            return _announce(end, session, tell_options)
+        _announce(end, session, tell_options)
         raise
-    return _announce(session.end("succeeded"), session)
+    return _announce(session.end("succeeded"), session, tell_options)
 
 
-def _announce(end: RunEnd, session: DiagSession) -> int:
-    """The summary, then the requeue decision's line, on stderr; the exit status."""
+def _announce(end: RunEnd, session: DiagSession, tell_options: TellOptions) -> int:
+    """The summary, then the requeue decision's line, on stderr; then the verdict recorded in the ledger and told
+    (bounded, never changes the exit status); the exit status."""
     _print_summary(end.report, str(session.report_path), session.unwritten)
     if end.requeue_line:
         print(end.requeue_line, file=sys.stderr)
+    from elastic_diag.ledger.tell import after_verdict
+
+    try:
+        lines = after_verdict(end.report, str(session.report_path), tell_options, source="torchrun-diag",
+                              diag_dir=session.report_path.parent)  # fmt: skip
+    except Exception as e:  # noqa: BLE001 - the job's outcome comes first
+        lines = [f"the verdict was not recorded or told: {e!r}"]
+    for line in lines:
+        print(f"torchrun-diag: {line}", file=sys.stderr)
     return end.exit_code
 
 

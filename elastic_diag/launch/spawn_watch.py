@@ -23,7 +23,7 @@ import threading
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from elastic_diag.agent.health import HangAlarm
 from elastic_diag.config import DEFAULT_TAIL_LINES, ENV_DIAG_DIR, default_diag_dir
@@ -37,7 +37,7 @@ from elastic_diag.launch.exec_watch import (
     _say,
     exit_status_of,
     judge_attempt,
-    print_once,
+    keep_verdict,
     run_unwatched,
 )
 from elastic_diag.launch.rank_env import LOOKED_FOR
@@ -57,6 +57,9 @@ from elastic_diag.layout import (
     read_json,
     write_json_atomic,
 )
+
+if TYPE_CHECKING:
+    from elastic_diag.ledger.tell import TellOptions
 
 ECHO_INTERVAL_S = 0.2
 STREAMS = ((STDOUT_FILE, "stdout"), (STDERR_FILE, "stderr"))
@@ -244,7 +247,7 @@ def _alive(pid: object) -> bool:
 
 def run_spawn_watch(command: Sequence[str], *, diag_dir: str | None, grace_s: float, env: Mapping[str, str],
                     hang_timeout_s: float | None = None, stall_timeout_s: float | None = None,
-                    requeue_exit_code: int | None = None) -> int:  # fmt: skip
+                    requeue_exit_code: int | None = None, tell_options: TellOptions | None = None) -> int:  # fmt: skip
     """The command as the parent of its ranks; its own exit status whatever the diagnosis does."""
     given = diag_dir or env.get(ENV_DIAG_DIR)
     folder = Path(given).absolute() if given else default_diag_dir(environ=env)
@@ -276,8 +279,8 @@ def run_spawn_watch(command: Sequence[str], *, diag_dir: str | None, grace_s: fl
         except Exception as e:  # noqa: BLE001 - the job's result comes first: say it, keep its exit status
             _say(f"the verdict could not be written ({e!r}); `elastic-diag report {folder}` judges the evidence again")
             return _exit_status(code)
-        if report is not None and (report["status"] != "succeeded" or code != 0):
-            print_once(report, folder)
+        if report is not None:
+            keep_verdict(report, folder, tell_options, show=report["status"] != "succeeded" or code != 0)
         return exit_status_of(code, report)
     finally:
         watch.restore_signals()

@@ -2,7 +2,8 @@
 
 - ``elastic_diag.report/1``: report.json (docs/report.md);
 - ``elastic_diag.analysis/1``: ``elastic-diag analyze --json``;
-- ``elastic_diag.node_record/1``: what each node's agent publishes in the rendezvous store.
+- ``elastic_diag.node_record/1``: what each node's agent publishes in the rendezvous store;
+- ``elastic_diag.fleet/1``: ``elastic-diag fleet --json`` (docs/fleet.md).
 
 The contract is additive: a field that is always written is required, every field known is typed, and
 any object may carry fields a newer version adds, so an old reader never breaks on a new document.
@@ -17,12 +18,13 @@ import json
 from importlib import resources
 from typing import Any
 
-from elastic_diag.core.schema_ids import ANALYSIS_SCHEMA, NODE_RECORD_SCHEMA, REPORT_SCHEMA
+from elastic_diag.core.schema_ids import ANALYSIS_SCHEMA, FLEET_SCHEMA, NODE_RECORD_SCHEMA, REPORT_SCHEMA
 
 SCHEMA_FILES: dict[str, str] = {
     REPORT_SCHEMA: "report.schema.json",
     ANALYSIS_SCHEMA: "analysis.schema.json",
     NODE_RECORD_SCHEMA: "node_record.schema.json",
+    FLEET_SCHEMA: "fleet.schema.json",
 }
 
 

@@ -18,7 +18,7 @@ from elastic_diag.core import merge as nodes
 from elastic_diag.core.evidence import AttemptEvidence, ErrorLine, RankEvidence
 from elastic_diag.core.exceptions import ExceptionRecord
 from elastic_diag.core.progress import NonFinite, Progress
-from elastic_diag.core.schema_ids import ANALYSIS_SCHEMA, NODE_RECORD_SCHEMA, REPORT_SCHEMA
+from elastic_diag.core.schema_ids import ANALYSIS_SCHEMA, FLEET_SCHEMA, NODE_RECORD_SCHEMA, REPORT_SCHEMA
 from elastic_diag.core.stacks import parse_stack_dump
 from elastic_diag.core.taxonomy import FAILURE_CLASSES
 from elastic_diag.core.verdict import ROLES, Diagnosis
@@ -87,7 +87,8 @@ def test_each_shipped_schema_rejects_a_document_that_breaks_it(schema_id, path, 
     target[path[-1]] = bad
     with pytest.raises(jsonschema.ValidationError):
         validate(doc)
-    assert sorted(SCHEMA_FILES) == sorted((REPORT_SCHEMA, ANALYSIS_SCHEMA, NODE_RECORD_SCHEMA))
+    # the fleet's schema (elastic_diag.fleet/1) is checked against a real ledger in tests/ledger/test_fleet.py
+    assert sorted(SCHEMA_FILES) == sorted((REPORT_SCHEMA, ANALYSIS_SCHEMA, NODE_RECORD_SCHEMA, FLEET_SCHEMA))
 
 
 def test_enums_follow_the_code():
