@@ -51,7 +51,7 @@ def fleet_view(ledger: Ledger, rule: ExclusionRule | None = None, *, now: float 
     since = until - rule.window_days * DAY_S
     first, last = int(since // DAY_S), int(until // DAY_S)  # the window counts whole UTC days
 
-    def query(conn: Any) -> tuple[list[Any], list[Any], Any]:
+    def query(conn: Any) -> tuple[list[Any], list[Any], Any, list[Any]]:
         import sqlalchemy as sa
 
         d = ledger.days()
@@ -73,9 +73,13 @@ def fleet_view(ledger: Ledger, rule: ExclusionRule | None = None, *, now: float 
             sa.select(t.c.initiating_host, t.c.job_id, t.c.fingerprint, t.c.recorded_at)
             .where(t.c.blame == "node", window, t.c.status != "succeeded")
         ).all()  # fmt: skip
-        return per_fp, node_rows, totals
+        all_time = conn.execute(
+            sa.select(d.c.host, d.c.failure_class, d.c.blame, sa.func.sum(d.c.count))
+            .where(d.c.status != "succeeded", d.c.count > 0).group_by(d.c.host, d.c.failure_class, d.c.blame)
+        ).all()  # fmt: skip
+        return per_fp, node_rows, totals, all_time
 
-    per_fp, node_rows, totals = ledger.read("read the fleet", query)
+    per_fp, node_rows, totals, all_time = ledger.read("read the fleet", query)
 
     def spread(conn: Any) -> Any:
         import sqlalchemy as sa
@@ -91,8 +95,12 @@ def fleet_view(ledger: Ledger, rule: ExclusionRule | None = None, *, now: float 
         ).all()  # fmt: skip
 
     wide: list[Any] = ledger.read("read the fleet", spread)
-    return build_view(per_fp, node_rows, wide, totals, rule, since=since, until=until, ledger=ledger.shown,
+    view = build_view(per_fp, node_rows, wide, totals, rule, since=since, until=until, ledger=ledger.shown,
                       top_fingerprints=top_fingerprints)  # fmt: skip
+    # every failure the ledger holds (no window): what a Prometheus counter counts
+    view["all_time_failures"] = [{"host": h, "class": c or "unknown", "blame": b, "count": int(n)}
+                                 for h, c, b, n in sorted(all_time, key=lambda r: (r[0], r[1], r[2]))]  # fmt: skip
+    return view
 
 
 def node_failures(node_rows: Iterable[Sequence[Any]]) -> tuple[dict[str, int], dict[str, int]]:
@@ -200,14 +208,14 @@ def scontrol_drain(host: str, reason: str) -> list[str]:
 
 
 def prometheus_text(view: Mapping[str, Any]) -> str:
-    """The Prometheus textfile (node_exporter's textfile collector): failures per host and blame, with the
-    class of the top fingerprints, the hosts recommended for exclusion, and the window's totals."""
-    out = ["# HELP elastic_diag_failures_total Failed verdicts in the window, by initiating host, class and blame.",
-           "# TYPE elastic_diag_failures_total gauge"]  # fmt: skip
-    for h in view["hosts"]:
-        for c in h["classes"]:
-            labels = f'class="{_label(c["class"])}",host="{_label(h["host"])}",blame="{_label(c["blame"])}"'
-            out.append(f"elastic_diag_failures_total{{{labels}}} {c['count']}")
+    """The Prometheus textfile (node_exporter's textfile collector): every failure in the ledger per host, class
+    and blame (a counter), and of the window: the node failures counted against each host, whether it is
+    recommended for exclusion, the verdicts, the widespread failures (gauges)."""
+    out = ["# HELP elastic_diag_failures_total Failed verdicts in the ledger, by initiating host, class and blame.",
+           "# TYPE elastic_diag_failures_total counter"]  # fmt: skip
+    for f in view.get("all_time_failures", []):
+        labels = f'class="{_label(f["class"])}",host="{_label(f["host"] or "none")}",blame="{_label(f["blame"])}"'
+        out.append(f"elastic_diag_failures_total{{{labels}}} {f['count']}")
     out += ["# HELP elastic_diag_host_node_failures Node failures counted against the host (the exclusion rule).",
             "# TYPE elastic_diag_host_node_failures gauge"]  # fmt: skip
     for h in view["hosts"]:
