@@ -83,7 +83,8 @@ def test_a_verdict_is_posted_with_a_slack_text_and_its_fields():
     assert out["ok"] and out["status"] == 200
     (got,) = hook.received
     text, fields = got["body"]["text"], got["body"]["elastic_diag"]
-    assert text.startswith("elastic_diag: job FAILED: initiating rank 1 on gpu-3: python_exception - Rank 1 on gpu-3 raised KeyError")
+    head = "elastic_diag: job FAILED: initiating rank 1 on gpu-3: python_exception - Rank 1 on gpu-3 raised KeyError"
+    assert text.startswith(head)
     assert "report: /runs/x/report.json" in text
     assert (fields["schema"], fields["job_id"], fields["blame"], fields["initiating_host"]) == (
         "elastic_diag.notify/1",
