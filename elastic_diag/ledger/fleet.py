@@ -103,6 +103,29 @@ def fleet_view(ledger: Ledger, rule: ExclusionRule | None = None, *, now: float 
     return view
 
 
+def host_verdict(ledger: Ledger, host: str, rule: ExclusionRule | None = None, *,
+                 now: float | None = None) -> tuple[bool, int]:  # fmt: skip
+    """Whether the rule recommends excluding ``host`` now, and its counted node failures (the window's node rows
+    only: a few, read through the blame index)."""
+    rule = rule or ExclusionRule()
+    until = time.time() if now is None else now
+    first, last = int((until - rule.window_days * DAY_S) // DAY_S), int(until // DAY_S)
+
+    def rows(conn: Any) -> Any:
+        import sqlalchemy as sa
+
+        t = ledger.table()
+        return conn.execute(
+            sa.select(t.c.initiating_host, t.c.job_id, t.c.fingerprint, t.c.recorded_at)
+            .where(t.c.blame == "node", t.c.recorded_at >= first * DAY_S, t.c.recorded_at < (last + 1) * DAY_S,
+                   t.c.status != "succeeded")
+        ).all()  # fmt: skip
+
+    counted, _ = node_failures(ledger.read("read the host's failures", rows))
+    n = counted.get(host, 0)
+    return n >= rule.min_node_failures, n
+
+
 def node_failures(node_rows: Iterable[Sequence[Any]]) -> tuple[dict[str, int], dict[str, int]]:
     """Per host, the node-blamed failures that count against it and those that followed their job: ``node_rows``
     are (host, job, fingerprint, ...) of the window's failures blamed on the node. A failure follows its job when

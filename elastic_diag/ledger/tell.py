@@ -92,6 +92,41 @@ def record_verdict(report: Mapping[str, Any], report_path: str | None, options: 
         ledger.close()
 
 
+def keep_out(report: Mapping[str, Any], options: TellOptions, env: Mapping[str, str]) -> list[str]:
+    """A failure blamed on the node, on a host the ledger (this verdict included) recommends excluding: a line
+    saying so and how to keep it out (a launcher cannot restart without it yet: Slurm refuses to change a running
+    job's excluded nodes). The lines to say."""
+    if options.ledger is None or str(report.get("status")) == "succeeded":
+        return []
+    rows = verdicts_of_report(report, source="keep-out", recorded_at=time.time())
+    last = rows[-1] if rows else None
+    if last is None or last.blame != "node" or not last.initiating_host:
+        return []
+    from elastic_diag.ledger.fleet import ExclusionRule, host_verdict
+
+    ledger = Ledger(options.ledger) if options.retry_s is None else Ledger(options.ledger, retry_s=options.retry_s)
+    try:
+        exclude, n = host_verdict(ledger, last.initiating_host)
+    except LedgerError as err:
+        return [f"the ledger could not say whether {last.initiating_host} should be excluded: {err}"]
+    finally:
+        ledger.close()
+    if not exclude:
+        return []
+    host = last.initiating_host
+    why = (f"{host} is recommended for exclusion: {n} node failures in {ExclusionRule().window_days:g} days "
+           "(elastic-diag fleet)")  # fmt: skip
+    requeue = report.get("requeue") if isinstance(report.get("requeue"), Mapping) else None
+    if env.get("SLURM_JOB_ID", "").strip() and requeue is not None and requeue.get("requeue"):
+        # Slurm refuses to change a running job's ExcNodeList ("Job is no longer pending execution"): the requeued
+        # job may land on the host again
+        return [
+            f"{why}; the requeued job may land on it again (Slurm does not change a running job's excluded "
+            f"nodes): drain it (elastic-diag fleet --apply) or resubmit with --exclude={host}"
+        ]
+    return [f"{why}; resubmit with --exclude={host}, or drain it (elastic-diag fleet --apply)"]
+
+
 def one_line(report: Mapping[str, Any]) -> str:
     """The verdict in one line (the Slack text, the Slurm Comment)."""
     d = report.get("diagnosis") if isinstance(report.get("diagnosis"), Mapping) else {}
@@ -234,6 +269,7 @@ def after_verdict(report: Mapping[str, Any], report_path: str | None, options: T
     lines = record_verdict(report, report_path, options, source=source)
     if notify:
         lines += tell(report, report_path, options, diag_dir=diag_dir)
+        lines += keep_out(report, options, os.environ)
     return lines
 
 

@@ -197,3 +197,33 @@ def test_elastic_diag_exec_records_every_rank_watchs_verdict_once(tmp_path):
     assert [p.returncode for p in procs] == [0, 1], outs
     (row,) = _rows(ledger)
     assert (row["source"], row["initiating_rank"], row["failure_class"]) == ("exec", 1, "python_exception")
+
+
+def test_a_second_node_failure_on_a_host_says_to_keep_it_out(tmp_path):
+    from elastic_diag.ledger.tell import keep_out, record_verdict
+
+    xid = "NVRM: Xid (PCI:0000:3b:00): 79, pid={}, name=python, GPU has fallen off the bus."
+
+    def report(run: str, sig: str, line: str) -> dict:
+        d = {"failure_class": "cuda_error", "initiating_rank": 0, "initiating_node": "gpu-9", "signature_id": sig,
+             "evidence": [line]}  # fmt: skip
+        return {
+            "run_id": run,
+            "status": "failed",
+            "requeue": {"requeue": True},
+            "attempts": [{"attempt": 0, "status": "failed", "diagnosis": d, "ranks": [{"rank": 0, "node": "gpu-9"}]}],
+        }
+
+    options = TellOptions(ledger=f"sqlite:///{tmp_path / 'l.sqlite'}")
+    bug = report("u", "python-exception", "KeyError: 1")
+    first = report("a", "gpu-xid-ecc", xid.format(11))
+    second = report("b", "gpu-xid-ecc", xid.format(12))
+    for r, job in ((bug, "1"), (first, "2")):
+        assert record_verdict(r, None, options, source="exec", env={"SLURM_JOB_ID": job}) == []
+        assert keep_out(r, options, {"SLURM_JOB_ID": job}) == []  # a user's bug; one GPU fault is not a pattern
+    record_verdict(second, None, options, source="exec", env={"SLURM_JOB_ID": "3"})
+    (line,) = keep_out(second, options, {"SLURM_JOB_ID": "3"})
+    assert line.startswith("gpu-9 is recommended for exclusion: 2 node failures in 14 days")
+    assert "the requeued job may land on it again" in line and "--exclude=gpu-9" in line
+    (line,) = keep_out(second, options, {})
+    assert line.endswith("resubmit with --exclude=gpu-9, or drain it (elastic-diag fleet --apply)")
