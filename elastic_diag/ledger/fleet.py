@@ -84,15 +84,22 @@ def fleet_view(ledger: Ledger, rule: ExclusionRule | None = None, *, now: float 
     def spread(conn: Any) -> Any:
         import sqlalchemy as sa
 
+        f = ledger.spread()
         t = ledger.table()
-        window = sa.and_(t.c.recorded_at >= first * DAY_S, t.c.recorded_at < (last + 1) * DAY_S)
-        return conn.execute(
-            sa.select(t.c.fingerprint, sa.func.count(sa.distinct(t.c.initiating_host)), sa.func.count(),
-                      sa.func.count(sa.distinct(t.c.job_id)), sa.func.min(t.c.signature),
-                      sa.func.min(t.c.failure_class), sa.func.min(t.c.blame))
-            .where(t.c.fingerprint.is_not(None), window).group_by(t.c.fingerprint)
-            .having(sa.func.count(sa.distinct(t.c.initiating_host)) >= rule.widespread_hosts)
+        n_hosts = sa.func.count(sa.distinct(f.c.host))
+        wide = conn.execute(
+            sa.select(f.c.fingerprint, n_hosts, sa.func.sum(f.c.count))
+            .where(f.c.day >= first, f.c.day <= last, f.c.count > 0).group_by(f.c.fingerprint)
+            .having(n_hosts >= rule.widespread_hosts).order_by(n_hosts.desc(), f.c.fingerprint).limit(MAX_WIDESPREAD)
         ).all()  # fmt: skip
+        if not wide:
+            return []
+        window = sa.and_(t.c.recorded_at >= first * DAY_S, t.c.recorded_at < (last + 1) * DAY_S)
+        about = {fp: rest for fp, *rest in conn.execute(
+            sa.select(t.c.fingerprint, sa.func.count(sa.distinct(t.c.job_id)), sa.func.min(t.c.signature),
+                      sa.func.min(t.c.failure_class), sa.func.min(t.c.blame))
+            .where(t.c.fingerprint.in_([w[0] for w in wide]), window).group_by(t.c.fingerprint)).all()}  # fmt: skip
+        return [(fp, hosts, count, *about.get(fp, (0, None, None, "unknown"))) for fp, hosts, count in wide]
 
     wide: list[Any] = ledger.read("read the fleet", spread)
     view = build_view(per_fp, node_rows, wide, totals, rule, since=since, until=until, ledger=ledger.shown,

@@ -72,7 +72,7 @@ def safe_url(url: str) -> str:
 
 
 @functools.cache
-def _tables() -> tuple[sa.MetaData, sa.Table, sa.Table, sa.Table]:
+def _tables() -> tuple[sa.MetaData, sa.Table, sa.Table, sa.Table, sa.Table]:
     import sqlalchemy as sa
 
     meta = sa.MetaData()
@@ -121,11 +121,19 @@ def _tables() -> tuple[sa.MetaData, sa.Table, sa.Table, sa.Table]:
         sa.Column("count", sa.Integer, nullable=False),
         sa.Column("last_at", sa.Float, nullable=False),
     )  # fmt: skip
-    return meta, info, verdicts, days
+    # the hosts each failure's fingerprint was seen on, per day: the widespread failures without a scan of the rows
+    spread = sa.Table(
+        "fingerprint_days", meta,
+        sa.Column("day", sa.Integer, primary_key=True),
+        sa.Column("fingerprint", sa.String(32), primary_key=True),
+        sa.Column("host", sa.String(255), primary_key=True),
+        sa.Column("count", sa.Integer, nullable=False),
+    )  # fmt: skip
+    return meta, info, verdicts, days, spread
 
 
 def _migrate_to_1(conn: sa.Connection) -> None:
-    meta, _, _, _ = _tables()
+    meta, *_ = _tables()
     meta.create_all(conn)
 
 
@@ -206,7 +214,7 @@ class Ledger:
     def _migrate(self) -> int:
         import sqlalchemy as sa
 
-        _, info, _, _ = _tables()
+        _, info, *_ = _tables()
         with self.engine.begin() as conn:
             if self.url.startswith("postgresql"):  # one migrator at a time across the team's writers
                 conn.execute(sa.text("SELECT pg_advisory_xact_lock(7305917)"))
@@ -248,7 +256,7 @@ class Ledger:
     def _write_one(self, conn: sa.Connection, row: dict[str, Any]) -> None:
         import sqlalchemy as sa
 
-        _, _, table, days = _tables()
+        _, _, table, days, spread = _tables()
         upsert = self._upsert()
         key = (table.c.run_id == row["run_id"], table.c.attempt == row["attempt"], table.c.source == row["source"])
         cols = (table.c.recorded_at, table.c.initiating_host, table.c.status, table.c.blame, table.c.fingerprint,
@@ -256,6 +264,10 @@ class Ledger:
         old = conn.execute(sa.select(*cols).where(*key).with_for_update()).first()
         if old is not None:
             conn.execute(sa.update(days).where(*_day_key(days, *old)).values(count=days.c.count - 1))
+            if old.fingerprint and old.initiating_host:
+                conn.execute(sa.update(spread).where(
+                    spread.c.day == int(old.recorded_at // DAY_S), spread.c.fingerprint == old.fingerprint,
+                    spread.c.host == old.initiating_host).values(count=spread.c.count - 1))  # fmt: skip
             conn.execute(sa.update(table).where(*key).values(**{k: v for k, v in row.items() if k not in (
                 "run_id", "attempt", "source")}))  # fmt: skip
         else:
@@ -266,6 +278,11 @@ class Ledger:
         conn.execute(stmt.on_conflict_do_update(
             index_elements=list(day), set_={"count": days.c.count + 1, "last_at": sa.case(
                 (days.c.last_at > stmt.excluded.last_at, days.c.last_at), else_=stmt.excluded.last_at)}))  # fmt: skip
+        if row["fingerprint"] and row["initiating_host"]:
+            seen = upsert(spread).values(day=int(row["recorded_at"] // DAY_S), fingerprint=row["fingerprint"],
+                                         host=row["initiating_host"], count=1)  # fmt: skip
+            conn.execute(seen.on_conflict_do_update(index_elements=["day", "fingerprint", "host"],
+                                                    set_={"count": spread.c.count + 1}))  # fmt: skip
 
     def _upsert(self) -> Any:
         if self.url.startswith("postgresql"):
@@ -278,9 +295,14 @@ class Ledger:
         """Bulk rows (benchmarks and imports): plain inserts and their counts, one transaction."""
         import sqlalchemy as sa
 
-        _, _, table, days = _tables()
+        _, _, table, days, spread = _tables()
         self.ensure_schema()
         counts: dict[tuple[Any, ...], list[Any]] = {}
+        seen: dict[tuple[int, str, str], int] = {}
+        for row in rows:
+            if row["fingerprint"] and row["initiating_host"]:
+                k3 = (int(row["recorded_at"] // DAY_S), row["fingerprint"], row["initiating_host"])
+                seen[k3] = seen.get(k3, 0) + 1
         for row in rows:
             k = _day_values(row["recorded_at"], row["initiating_host"], row["status"], row["blame"], row["fingerprint"],
                             row["failure_class"])  # fmt: skip
@@ -302,6 +324,12 @@ class Ledger:
                 conn.execute(sa.insert(table), rows[i : i + chunk])
             for i in range(0, len(params), chunk):
                 conn.execute(stmt, params[i : i + chunk])
+            add = upsert(spread)
+            add = add.on_conflict_do_update(index_elements=["day", "fingerprint", "host"],
+                                            set_={"count": spread.c.count + add.excluded.count})  # fmt: skip
+            hits = [{"day": d, "fingerprint": f, "host": h, "count": n} for (d, f, h), n in seen.items()]
+            for i in range(0, len(hits), chunk):
+                conn.execute(add, hits[i : i + chunk])
 
     # -- reads -----------------------------------------------------------------------------------------
     def read(self, what: str, fn: Callable[[sa.Connection], T]) -> T:
@@ -319,6 +347,9 @@ class Ledger:
 
     def days(self) -> sa.Table:
         return _tables()[3]
+
+    def spread(self) -> sa.Table:
+        return _tables()[4]
 
     # -- retries ---------------------------------------------------------------------------------------
     def _run(self, what: str, fn: Callable[[], T]) -> T:
