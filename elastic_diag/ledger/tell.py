@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from elastic_diag import redaction
 from elastic_diag.ledger.store import ENV_LEDGER, ENV_RETRY_S, Ledger, LedgerError, ledger_url, safe_url
 from elastic_diag.ledger.verdicts import job_id_from_env, verdicts_of_report
 from elastic_diag.redaction import mask_shapes
@@ -78,6 +79,7 @@ def record_verdict(report: Mapping[str, Any], report_path: str | None, options: 
     if options.ledger is None:
         return []
     e = os.environ if env is None else env
+    report = redaction.current().data(report)  # the report in memory is not yet masked (report.json is)
     ledger = Ledger(options.ledger) if options.retry_s is None else Ledger(options.ledger, retry_s=options.retry_s)
     try:
         rows = verdicts_of_report(report, source=source, job_id=job_id_from_env(e), report_path=report_path,
@@ -167,6 +169,7 @@ def tell(report: Mapping[str, Any], report_path: str | None, options: TellOption
     if str(report.get("status")) == "succeeded":
         return []
     e = os.environ if env is None else env
+    report = redaction.current().data(report)  # what is posted may be pasted in public: this process's secrets out
     outcomes: list[dict[str, Any]] = []
     if options.notify_url:
         outcomes.append(post_json(options.notify_url, notification(report, report_path, env=e), options.timeout_s))

@@ -227,3 +227,25 @@ def test_a_second_node_failure_on_a_host_says_to_keep_it_out(tmp_path):
     assert "the requeued job may land on it again" in line and "--exclude=gpu-9" in line
     (line,) = keep_out(second, options, {})
     assert line.endswith("resubmit with --exclude=gpu-9, or drain it (elastic-diag fleet --apply)")
+
+
+def test_secrets_of_the_process_never_reach_the_ledger_or_the_webhook(tmp_path, monkeypatch):
+    from elastic_diag import redaction
+    from elastic_diag.ledger.tell import record_verdict
+
+    secret = "hf_" + "Zq8" * 12
+    monkeypatch.setattr(redaction, "_CURRENT", redaction.Redactor({secret}))
+    leaky = json.loads(json.dumps(REPORT))
+    leaky["diagnosis"]["summary"] = f"Rank 1 on gpu-3 failed to log in with {secret}. More."
+    leaky["attempts"][0]["diagnosis"]["summary"] = leaky["diagnosis"]["summary"]
+    leaky["launch"] = {"launch_command": f"torchrun-diag train.py --hub-token {secret}"}
+    options = TellOptions(ledger=f"sqlite:///{tmp_path / 'l.sqlite'}")
+    assert record_verdict(leaky, None, options, source="exec") == []
+    for f in tmp_path.glob("l.sqlite*"):  # the WAL too
+        assert secret not in f.read_bytes().decode("latin-1"), f
+    server, hook = _server()
+    try:
+        tell(leaky, None, TellOptions(ledger=None, notify_url=_url(server)), diag_dir=tmp_path)
+    finally:
+        _stop(server)
+    assert secret not in json.dumps(hook.received) and "***" in json.dumps(hook.received)
