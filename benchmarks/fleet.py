@@ -60,7 +60,7 @@ NICs' errors named on their peers pile up: many good hosts reach 2), inserted wi
 200,000 into a fresh SQLite file in a temp dir (``--ledger PATH`` keeps it); then ``fleet_view`` is timed (best
 of 3, warm page cache). Target < 1 s.
 
-The default run takes 15 s on 2 idle cores (35 s on busy ones); ``--verdicts 1000000`` 10 to 15 minutes, nearly
+The default run takes 15 s on 2 idle cores (35 s on busy ones); ``--verdicts 1000000`` 6 to 15 minutes, nearly
 all of it building the rows (``Verdict.to_row`` copies each rank -> host map) and inserting them (a 1.3 GB file).
 """
 

@@ -359,8 +359,9 @@ class Ledger:
         import tenacity
 
         retrying = tenacity.Retrying(
-            # unreachable or locked; two writers of one attempt at once (the second finds the first's row)
-            retry=tenacity.retry_if_exception_type((sa_exc.OperationalError, sa_exc.IntegrityError)),
+            # unreachable or locked; two writers of one attempt at once (the second finds the first's row); not a
+            # missing table or column (SQLite calls those operational too): they do not mend by waiting
+            retry=tenacity.retry_if_exception(_transient),
             stop=tenacity.stop_after_delay(self.retry_s),
             wait=tenacity.wait_random_exponential(multiplier=0.05, max=1.0),
             reraise=True,
@@ -392,6 +393,17 @@ DAY_KEY = ("day", "host", "status", "blame", "fingerprint", "failure_class")
 
 def _day_columns(days: sa.Table) -> list[Any]:
     return [days.c[name] for name in DAY_KEY]
+
+
+_PERMANENT = ("no such table", "no such column", "syntax error", "has no column named")
+
+
+def _transient(e: BaseException) -> bool:
+    import sqlalchemy.exc as sa_exc
+
+    if not isinstance(e, sa_exc.OperationalError | sa_exc.IntegrityError):
+        return False
+    return not any(p in str(getattr(e, "orig", e)) for p in _PERMANENT)
 
 
 def _reason(e: BaseException, url: str = "") -> str:

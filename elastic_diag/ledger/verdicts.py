@@ -11,7 +11,7 @@ import hashlib
 import json
 import re
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
 from elastic_diag.core.taxonomy import BLAMES, Taxonomy, load_taxonomy
@@ -41,6 +41,8 @@ _XID = re.compile(r"\bXid\b(?:\s*\([^)]*\))?:?\s*(\d+)")  # NVRM: Xid (PCI:0000:
 
 # the parts of a line that differ between two runs of the same failure
 _VOLATILE = re.compile(
+    # a PCI address (0000:3b:00.0), an IPv6 address or InfiniBand GID (fe80::...:ff21): the host's, not the failure's
+    r"\b[0-9a-fA-F]{4}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}(?:\.[0-7])?\b|\b[0-9a-fA-F]{1,4}(?::[0-9a-fA-F]{0,4}){2,}|"
     r"0x[0-9a-fA-F]+|\b[0-9a-f]{8,}\b|(?<![A-Za-z])\d+(?:\.\d+)?(?:e[-+]?\d+)?|\[[^\]]*\]:\d+|/tmp/[^\s:'\"]+|"
     r"pid[=: ]\d+"
 )
@@ -72,7 +74,7 @@ class Verdict:
     report_path: str | None = None
 
     def to_row(self) -> dict[str, Any]:
-        row = asdict(self)
+        row = {f.name: getattr(self, f.name) for f in fields(self)}  # not asdict: it deep-copies the rank map
         row["hosts"] = json.dumps(list(self.hosts))
         row["rank_hosts"] = json.dumps({str(r): h for r, h in self.rank_hosts})
         return row

@@ -172,3 +172,18 @@ def test_urls_and_their_display(tmp_path):
 
     with pytest.raises(UsageError, match=r"mysql://u:\*\*\*@db"):
         ledger_url("mysql://u:s3cret@db/x", {})
+
+
+def test_a_missing_table_is_not_waited_for(tmp_path):
+    """Only what mends by waiting is retried (unreachable, locked): a ledger whose table was dropped fails at once."""
+    ledger = Ledger(f"sqlite:///{tmp_path / 'l.sqlite'}", retry_s=10.0)
+    ledger.record([_verdict("r1")])
+    import sqlalchemy as sa
+
+    with ledger.engine.begin() as conn:
+        conn.execute(sa.text("DROP TABLE host_days"))
+    started = time.monotonic()
+    with pytest.raises(LedgerError, match="no such table: host_days"):
+        ledger.record([_verdict("r2")])
+    assert time.monotonic() - started < 3
+    ledger.close()

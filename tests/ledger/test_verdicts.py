@@ -120,3 +120,11 @@ def test_a_hostile_report_is_cut_to_size():
     }
     (v,) = verdicts_of_report(r, source="analyze", recorded_at=0.0)
     assert len(v.summary) <= 400 and len(v.initiating_host or "") <= 255
+
+
+def test_a_gpus_pci_address_and_an_infiniband_gid_are_the_hosts_not_the_failures():
+    a = template("NVRM: Xid (PCI:0000:3b:00): 79, pid=2211, name=python, GPU has fallen off the bus.")
+    b = template("NVRM: Xid (PCI:0000:ab:00.0): 79, pid=11, name=python, GPU has fallen off the bus.")
+    assert a == b
+    gid = "NET/IB : Got completion from peer 10.1.2.3<40567> with status=12 localGid fd01::abcd:ff{} remoteGids fe80::1"
+    assert template(gid.format(21)) == template(gid.format("3a")) and "abcd" not in template(gid.format(21))
