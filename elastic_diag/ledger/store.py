@@ -395,7 +395,9 @@ def _day_columns(days: sa.Table) -> list[Any]:
     return [days.c[name] for name in DAY_KEY]
 
 
-_PERMANENT = ("no such table", "no such column", "syntax error", "has no column named")
+# SQLite's operational errors that waiting does not mend (a folder or file it may not write: a read-only home)
+_PERMANENT = ("no such table", "no such column", "syntax error", "has no column named", "unable to open database file",
+              "readonly database")  # fmt: skip
 
 
 def _transient(e: BaseException) -> bool:

@@ -187,3 +187,16 @@ def test_a_missing_table_is_not_waited_for(tmp_path):
         ledger.record([_verdict("r2")])
     assert time.monotonic() - started < 3
     ledger.close()
+
+
+def test_a_ledger_it_may_not_write_is_said_at_once():
+    """A ledger SQLite cannot open (a read-only file system; /proc here, read-only even for root) must not hold every
+    job's end for the retry bound: one line, at once."""
+    from elastic_diag.ledger.tell import TellOptions, record_verdict
+
+    started = time.monotonic()
+    report = {"run_id": "r", "status": "failed", "diagnosis": {"failure_class": "abort"}}
+    options = TellOptions(ledger="sqlite:////proc/elastic-diag-ledger.sqlite", retry_s=10.0)
+    (line,) = record_verdict(report, None, options, source="exec")
+    assert time.monotonic() - started < 3, line
+    assert "the verdict was not recorded in the ledger" in line and "unable to open database file" in line
