@@ -254,7 +254,7 @@ def _ledger_flags(parser: argparse.ArgumentParser, notify: bool = True) -> None:
 
 
 def _cmd_fleet(args: argparse.Namespace) -> int:
-    from elastic_diag.ledger.fleet import ExclusionRule, fleet_view, scontrol_drain, view_json
+    from elastic_diag.ledger.fleet import ExclusionRule, fleet_view, view_json
     from elastic_diag.ledger.fleet_page import fleet_html, fleet_text
     from elastic_diag.ledger.store import Ledger, LedgerError, ledger_url
 
@@ -288,14 +288,16 @@ def _cmd_fleet(args: argparse.Namespace) -> int:
         write_atomic(Path(args.prometheus), prometheus_text(view), redact=False)
     print(view_json(view) if args.json else fleet_text(view))
     if args.apply:
-        return _drain(view, scontrol_drain)
+        return _drain(view)
     return EXIT_OK
 
 
-def _drain(view: dict[str, Any], scontrol_drain: Any) -> int:
+def _drain(view: dict[str, Any]) -> int:
     """``--apply``: each recommended host drained with scontrol (its reason says why); exit 1 if one was not."""
     import shutil
     import subprocess
+
+    from elastic_diag.ledger.fleet import drain_reason, scontrol_drain
 
     if not view["exclude"]:
         return EXIT_OK
@@ -305,7 +307,7 @@ def _drain(view: dict[str, Any], scontrol_drain: Any) -> int:
     why = {h["host"]: h["why"] for h in view["hosts"]}
     failed = 0
     for host in view["exclude"]:
-        argv = scontrol_drain(host, ("elastic_diag: " + why.get(host, "").split(";")[0])[:120])
+        argv = scontrol_drain(host, drain_reason(why.get(host, "")))
         done = subprocess.run(argv, capture_output=True, text=True, timeout=30, check=False)
         if done.returncode == 0:
             print(f"elastic-diag: drained {host}", file=sys.stderr)

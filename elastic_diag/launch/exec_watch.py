@@ -370,13 +370,11 @@ def keep_verdict(report: dict[str, Any], diag_dir: Path, options: TellOptions | 
     printed = show and print_once(report, diag_dir)
     if options is None:
         return
-    from elastic_diag.ledger.tell import keep_out, record_verdict, tell
+    from elastic_diag.ledger.tell import after_verdict
 
     try:
-        lines = record_verdict(report, str(diag_dir / REPORT_FILE), options, source="exec")
-        if printed:
-            lines += tell(report, str(diag_dir / REPORT_FILE), options, diag_dir=diag_dir)
-            lines += keep_out(report, options, os.environ)
+        lines = after_verdict(report, str(diag_dir / REPORT_FILE), options, source="exec", diag_dir=diag_dir,
+                              notify=printed)  # fmt: skip
     except Exception as e:  # noqa: BLE001 - the job's outcome comes first
         lines = [f"the verdict was not recorded or told: {e!r}"]
     for line in lines:

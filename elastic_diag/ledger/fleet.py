@@ -220,7 +220,7 @@ def exclusion_actions(exclude: list[str], hosts: Sequence[Mapping[str, Any]]) ->
     """What keeps the hosts out: Slurm's ``--exclude=`` list, an ``scontrol`` drain line per host (run by
     ``--apply``), ``kubectl`` cordon and taint lines (printed only)."""
     why = {h["host"]: h["why"] for h in hosts}
-    reason = {name: _reason_of(why.get(name, "")) for name in exclude}
+    reason = {name: drain_reason(why.get(name, "")) for name in exclude}
     return {
         "slurm_exclude": f"--exclude={','.join(exclude)}" if exclude else None,
         "scontrol": [shlex.join(scontrol_drain(name, reason[name])) for name in exclude],
@@ -229,7 +229,8 @@ def exclusion_actions(exclude: list[str], hosts: Sequence[Mapping[str, Any]]) ->
     }  # fmt: skip
 
 
-def _reason_of(why: str) -> str:
+def drain_reason(why: str) -> str:
+    """The ``Reason=`` of a drain: the rule's first clause."""
     return ("elastic_diag: " + why.split(";")[0])[:120]
 
 

@@ -74,13 +74,15 @@ def _float(raw: str | None, default: float | None) -> Any:
 
 
 def record_verdict(report: Mapping[str, Any], report_path: str | None, options: TellOptions, *, source: str,
-                   env: Mapping[str, str] | None = None, now: float | None = None) -> list[str]:  # fmt: skip
+                   env: Mapping[str, str] | None = None, now: float | None = None,
+                   ledger: Ledger | None = None) -> list[str]:  # fmt: skip
     """The report's verdicts appended to the ledger; the lines to say (a failure to record, a file set aside)."""
     if options.ledger is None:
         return []
     e = os.environ if env is None else env
     report = redaction.current().data(report)  # the report in memory is not yet masked (report.json is)
-    ledger = Ledger(options.ledger) if options.retry_s is None else Ledger(options.ledger, retry_s=options.retry_s)
+    own = ledger is None
+    ledger = ledger or _open(options)
     try:
         rows = verdicts_of_report(report, source=source, job_id=job_id_from_env(e), report_path=report_path,
                                   recorded_at=time.time() if now is None else now)  # fmt: skip
@@ -91,10 +93,17 @@ def record_verdict(report: Mapping[str, Any], report_path: str | None, options: 
     except Exception as err:  # noqa: BLE001 - the job's outcome comes first
         return [*ledger.notes, f"the verdict was not recorded in the ledger {ledger.shown}: {mask_shapes(repr(err))}"]
     finally:
-        ledger.close()
+        if own:
+            ledger.close()
 
 
-def keep_out(report: Mapping[str, Any], options: TellOptions, env: Mapping[str, str]) -> list[str]:
+def _open(options: TellOptions) -> Ledger:
+    assert options.ledger is not None
+    return Ledger(options.ledger) if options.retry_s is None else Ledger(options.ledger, retry_s=options.retry_s)
+
+
+def keep_out(report: Mapping[str, Any], options: TellOptions, env: Mapping[str, str],
+             ledger: Ledger | None = None) -> list[str]:  # fmt: skip
     """A failure blamed on the node, on a host the ledger (this verdict included) recommends excluding: a line
     saying so and how to keep it out (a launcher cannot restart without it yet: Slurm refuses to change a running
     job's excluded nodes). The lines to say."""
@@ -106,13 +115,15 @@ def keep_out(report: Mapping[str, Any], options: TellOptions, env: Mapping[str, 
         return []
     from elastic_diag.ledger.fleet import ExclusionRule, host_verdict
 
-    ledger = Ledger(options.ledger) if options.retry_s is None else Ledger(options.ledger, retry_s=options.retry_s)
+    own = ledger is None
+    ledger = ledger or _open(options)
     try:
         exclude, n = host_verdict(ledger, last.initiating_host)
     except LedgerError as err:
         return [f"the ledger could not say whether {last.initiating_host} should be excluded: {err}"]
     finally:
-        ledger.close()
+        if own:
+            ledger.close()
     if not exclude:
         return []
     host = last.initiating_host
@@ -269,10 +280,15 @@ def slurm_comment(job: str, line: str, timeout_s: float) -> dict[str, Any]:
 def after_verdict(report: Mapping[str, Any], report_path: str | None, options: TellOptions, *, source: str,
                   diag_dir: Path | None, notify: bool = True) -> list[str]:  # fmt: skip
     """Record, then tell: the lines to say on stderr (each prefixed by the caller)."""
-    lines = record_verdict(report, report_path, options, source=source)
-    if notify:
-        lines += tell(report, report_path, options, diag_dir=diag_dir)
-        lines += keep_out(report, options, os.environ)
+    ledger = _open(options) if options.ledger is not None else None  # one engine for the record and the rule
+    try:
+        lines = record_verdict(report, report_path, options, source=source, ledger=ledger)
+        if notify:
+            lines += tell(report, report_path, options, diag_dir=diag_dir)
+            lines += keep_out(report, options, os.environ, ledger=ledger)
+    finally:
+        if ledger is not None:
+            ledger.close()
     return lines
 
 
