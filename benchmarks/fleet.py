@@ -35,14 +35,17 @@ own seeded generator, so the policies differ only where an exclusion moved a job
 in whole UTC days as ``elastic-diag fleet`` counts them (the day of the moment and the 14 before):
 
 * ``none``: no exclusion;
-* ``naive``: a host with 2 failures of any kind that it initiated in the window is kept out;
+* ``naive``: a host with 2 failures of any kind that it initiated in the window is kept out (and held as below);
 * ``fact``: modelled on NVIDIA's resiliency tooling: a host with kernel-log evidence (any Xid or ECC line) in 2
   failed attempts in the window is avoided, at most one new host per failure (restart);
-* ``elastic_diag``: the ledger's rule, :func:`node_failures` and :func:`recommended` of
+* ``elastic_diag``: the ledger's rule, :func:`node_failures`, :func:`recommended` and :func:`held` of
   elastic_diag.ledger.fleet with :class:`ExclusionRule`, over the window's node-blamed failures (host, job,
-  fingerprint, time).
+  fingerprint, time) and the hold's before it.
 
-Every policy re-reads its window at each allocation: a host comes back when its failures age out.
+Every policy re-reads its window at each allocation. ``naive`` and ``elastic_diag`` hold a host they kept out
+for ``hold_days`` (30) after the last failure that kept it out (an excluded host runs nothing, so without the
+hold it comes back when its failures age out and must fail two more jobs to go again); ``fact`` lets a host
+back when its evidence ages out of the window, as described.
 ``--seeds K`` (3): the table of ``--seed``, then the mean of the figures over K seeds (one seed's snapshot at
 the end is noisy: a bad host may be between two of its exclusions).
 
@@ -84,7 +87,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from elastic_diag.core.taxonomy import load_taxonomy  # noqa: E402
-from elastic_diag.ledger.fleet import DAY_S, ExclusionRule, fleet_view, node_failures, recommended  # noqa: E402
+from elastic_diag.ledger.fleet import DAY_S, ExclusionRule, fleet_view, held, node_failures, recommended  # noqa: E402
 from elastic_diag.ledger.store import Ledger  # noqa: E402
 from elastic_diag.ledger.verdicts import Verdict, blame_of, fingerprint, proof_of  # noqa: E402
 
@@ -385,30 +388,32 @@ class Policy:
 
 
 class Naive(Policy):
-    """2 failures of any kind initiated on the host in the window."""
+    """2 failures of any kind initiated on the host in the window (and the same hold as elastic_diag's rule)."""
 
     name = "naive"
 
     def __init__(self, fleet: Fleet, rule: ExclusionRule) -> None:
         super().__init__(fleet, rule)
         self.events: deque[tuple[float, int]] = deque()
-        self.counts: Counter[int] = Counter()
-
-    def _expire(self, t: float) -> None:
-        since = window_start(t, self.rule)
-        while self.events and self.events[0][0] < since:
-            self.counts[self.events.popleft()[1]] -= 1
+        self._key: tuple[float, int] = (-1.0, -1)
+        self._changes = 0
 
     def observe(self, a: Attempt) -> None:
         if a.host is not None:
             self.events.append((a.end, a.host))
-            self.counts[a.host] += 1
+            self._changes += 1
 
     def excluded(self, t: float) -> frozenset[int]:
-        self._expire(t)
-        now = frozenset(h for h, c in self.counts.items() if c >= self.rule.min_node_failures)
-        if now != self.current:
-            self.current = now
+        since = window_start(t, self.rule)
+        if (since, self._changes) != self._key:
+            while self.events and self.events[0][0] < since - self.rule.hold_days * DAY_S:
+                self.events.popleft()
+            counts = Counter(h for at, h in self.events if at >= since)
+            kept = held(((h, f"event{i}", None, at) for i, (at, h) in enumerate(self.events)), self.rule, t)
+            now = frozenset([h for h, c in counts.items() if c >= self.rule.min_node_failures] + list(kept))
+            self._key = (since, self._changes)
+            if now != self.current:
+                self.current = now
         return self.current
 
 
@@ -465,11 +470,12 @@ class ElasticDiag(Policy):
 
     def recommendation(self, t: float) -> list[str]:
         since = window_start(t, self.rule)
-        while self.rows and self.rows[0][3] < since:
+        while self.rows and self.rows[0][3] < since - self.rule.hold_days * DAY_S:
             self.rows.popleft()
             self._changes += 1
-        counted, _ = node_failures(self.rows)
-        return recommended(counted, self.rule)
+        counted, _ = node_failures(r for r in self.rows if r[3] >= since)
+        out = recommended(counted, self.rule)
+        return out + sorted(set(held(self.rows, self.rule, t)) - set(out))
 
     def excluded(self, t: float) -> frozenset[int]:
         if (window_start(t, self.rule), self._changes) != self._key:
@@ -691,7 +697,9 @@ def _many_verdicts(n: int, hosts: int, seed: int, batch: int, path: Path) -> dic
         view = fleet_view(ledger, ExclusionRule(), now=now)
         times.append(time.perf_counter() - t)
     ledger.close()
-    rule = recommended(node_failures(node_rows)[0], ExclusionRule())
+    rule = sorted(
+        set(recommended(node_failures(node_rows)[0], ExclusionRule())) | set(held(node_rows, ExclusionRule(), now))
+    )
     bad = {make_fleet(hosts, seed).names[h] for h in make_fleet(hosts, seed).bad}
     return {"verdicts": n, "failed": failed, "node_blamed": len(node_rows), "fingerprints": len(fps), "hosts": hosts,
             "build_s": round(build, 1), "insert_s": round(insert, 1), "file_mb": round(size / 1e6),

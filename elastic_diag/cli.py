@@ -224,7 +224,8 @@ def _cmd_exec(args: argparse.Namespace) -> int:
     from elastic_diag.ledger.tell import TellOptions
 
     tell_options = TellOptions.resolve(ledger=args.diag_ledger, notify=args.diag_notify,
-                                       notify_cmd=args.diag_notify_cmd)  # fmt: skip
+                                       notify_cmd=args.diag_notify_cmd,
+                                       drain=args.diag_drain)  # fmt: skip
 
     return run_exec(command, diag_dir=args.diag_dir, grace_s=args.diag_grace,
                     hang_timeout_s=parse_hang_timeout(args.diag_hang_timeout or os.environ.get(ENV_HANG_TIMEOUT, ""),
@@ -251,6 +252,13 @@ def _ledger_flags(parser: argparse.ArgumentParser, notify: bool = True) -> None:
             metavar="CMD",
             help="run CMD REPORT_PATH after a failed verdict (no shell; env ELASTIC_DIAG_NOTIFY_CMD)",
         )
+        parser.add_argument(
+            "--diag-drain",
+            action="store_true",
+            default=None,
+            help="under Slurm, drain a node the ledger recommends excluding before a requeue asked for by a failure "
+            "blamed on it (needs Slurm operator rights; env ELASTIC_DIAG_DRAIN=1)",
+        )
 
 
 def _cmd_fleet(args: argparse.Namespace) -> int:
@@ -267,7 +275,7 @@ def _cmd_fleet(args: argparse.Namespace) -> int:
               "--diag-ledger PATH|URL names another)", file=sys.stderr)  # fmt: skip
         return EXIT_USAGE
     rule = ExclusionRule(window_days=args.window_days, min_node_failures=args.min_node_failures,
-                         widespread_hosts=args.widespread_hosts)  # fmt: skip
+                         widespread_hosts=args.widespread_hosts, hold_days=args.hold_days)  # fmt: skip
     ledger = Ledger(url)
     try:
         view = fleet_view(ledger, rule)
@@ -403,6 +411,9 @@ def get_parser() -> argparse.ArgumentParser:
                        help="recommend excluding a host with N node failures in the window (default 2)")  # fmt: skip
     fleet.add_argument("--widespread-hosts", type=int, default=3, metavar="N",
                        help="list a failure seen on N hosts or more as widespread (default 3)")  # fmt: skip
+    fleet.add_argument("--hold-days", type=float, default=30.0, metavar="D",
+                       help="keep a host out D days after its last counted node failure once the rule kept it out "
+                       "(default 30; 0: only the window counts)")  # fmt: skip
     fleet.add_argument("--json", action="store_true", help="print one JSON object (elastic_diag.fleet/1)")
     fleet.add_argument("--html", metavar="FILE", help="write the fleet page (self-contained HTML)")
     fleet.add_argument("--prometheus", metavar="FILE", help="write a Prometheus textfile (node_exporter)")

@@ -123,6 +123,14 @@ def get_parser() -> argparse.ArgumentParser:
         help="Run CMD REPORT_PATH (no shell) after a failed run's verdict (env ELASTIC_DIAG_NOTIFY_CMD).",
     )
     group.add_argument(
+        "--diag-drain",
+        action="store_true",
+        default=None,
+        help="Under Slurm, when a failure blamed on the node asks for a requeue and the ledger recommends excluding "
+        "that node, drain it first (scontrol update NodeName=... State=DRAIN; needs Slurm operator rights) so the "
+        "requeued job starts without it; said when refused (env ELASTIC_DIAG_DRAIN=1).",
+    )
+    group.add_argument(
         "--diag-termination-log",
         default=None,
         metavar="PATH|auto|off",

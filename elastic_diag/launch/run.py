@@ -119,7 +119,8 @@ def run_diagnosed(args: argparse.Namespace, argv: Sequence[str] | None = None) -
     from elastic_diag.ledger.tell import TellOptions
 
     tell_options = TellOptions.resolve(ledger=args.diag_ledger, notify=args.diag_notify,
-                                       notify_cmd=args.diag_notify_cmd)  # fmt: skip
+                                       notify_cmd=args.diag_notify_cmd,
+                                       drain=args.diag_drain)  # fmt: skip
     config.check_folder_path()
     problem = config.writable_problem()
     if problem is not None:  # the job comes first: it runs as plain torchrun would, and exits as it would

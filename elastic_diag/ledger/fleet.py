@@ -37,10 +37,11 @@ class ExclusionRule:
     window_days: float = 14.0
     min_node_failures: int = 2
     widespread_hosts: int = 3
+    hold_days: float = 30.0  # a host the rule kept out stays out this long after its last counted node failure
 
     def to_json(self) -> dict[str, Any]:
         return {"window_days": self.window_days, "min_node_failures": self.min_node_failures,
-                "widespread_hosts": self.widespread_hosts}  # fmt: skip
+                "widespread_hosts": self.widespread_hosts, "hold_days": self.hold_days}  # fmt: skip
 
 
 def fleet_view(ledger: Ledger, rule: ExclusionRule | None = None, *, now: float | None = None,
@@ -68,7 +69,9 @@ def fleet_view(ledger: Ledger, rule: ExclusionRule | None = None, *, now: float 
                       sa.func.coalesce(sa.func.sum(d.c.count).filter(d.c.status != "succeeded"), 0))
             .where(in_window)
         ).one()  # fmt: skip
-        window = sa.and_(t.c.recorded_at >= first * DAY_S, t.c.recorded_at < (last + 1) * DAY_S)
+        window = sa.and_(
+            t.c.recorded_at >= first * DAY_S - rule.hold_days * DAY_S, t.c.recorded_at < (last + 1) * DAY_S
+        )  # the window, and the hold before it
         node_rows = conn.execute(
             sa.select(t.c.initiating_host, t.c.job_id, t.c.fingerprint, t.c.recorded_at)
             .where(t.c.blame == "node", window, t.c.status != "succeeded")
@@ -124,13 +127,14 @@ def host_verdict(ledger: Ledger, host: str, rule: ExclusionRule | None = None, *
         t = ledger.table()
         return conn.execute(
             sa.select(t.c.initiating_host, t.c.job_id, t.c.fingerprint, t.c.recorded_at)
-            .where(t.c.blame == "node", t.c.recorded_at >= first * DAY_S, t.c.recorded_at < (last + 1) * DAY_S,
-                   t.c.status != "succeeded")
+            .where(t.c.blame == "node", t.c.recorded_at >= first * DAY_S - rule.hold_days * DAY_S,
+                   t.c.recorded_at < (last + 1) * DAY_S, t.c.status != "succeeded")
         ).all()  # fmt: skip
 
-    counted, _ = node_failures(ledger.read("read the host's failures", rows))
+    found = ledger.read("read the host's failures", rows)
+    counted, _ = node_failures(r for r in found if r[3] >= first * DAY_S)
     n = counted.get(host, 0)
-    return n >= rule.min_node_failures, n
+    return n >= rule.min_node_failures or host in held(found, rule, until), n
 
 
 def node_failures(node_rows: Iterable[Sequence[Any]]) -> tuple[dict[str, int], dict[str, int]]:
@@ -149,6 +153,34 @@ def node_failures(node_rows: Iterable[Sequence[Any]]) -> tuple[dict[str, int], d
         else:
             counted[host] += 1
     return dict(counted), dict(followed)
+
+
+def held(node_rows: Iterable[Sequence[Any]], rule: ExclusionRule, until: float) -> dict[str, float]:
+    """The hosts the rule kept out at some time in the last ``hold_days`` (``min_node_failures`` counted node
+    failures within ``window_days`` of each other, the last of them in the hold): host -> that last failure's time.
+    ``node_rows``: (host, job, fingerprint, time) of the window and the hold before it."""
+    if rule.hold_days <= 0:
+        return {}
+    rows = [tuple(r[:4]) for r in node_rows if r[0]]
+    hosts_of: dict[tuple[str, str | None], set[str]] = defaultdict(set)
+    for host, job, fp, _ in rows:
+        hosts_of[(job, fp)].add(host)
+    times: dict[str, list[float]] = defaultdict(list)
+    for host, job, fp, at in rows:
+        if len(hosts_of[(job, fp)]) == 1:
+            times[host].append(float(at))
+    out: dict[str, float] = {}
+    start = int((until - rule.hold_days * DAY_S) // DAY_S) * DAY_S  # whole UTC days, as the window
+    need = max(1, rule.min_node_failures)
+    for host, ts in times.items():
+        ts.sort()
+        for i in range(len(ts) - 1, need - 2, -1):
+            if ts[i] < start:
+                break
+            if ts[i] - ts[i - need + 1] <= rule.window_days * DAY_S:
+                out[host] = ts[i]
+                break
+    return out
 
 
 def recommended(counted: Mapping[str, int], rule: ExclusionRule) -> list[str]:
@@ -179,14 +211,22 @@ def build_view(per_fp: list[Any], node_rows: list[Any], wide: list[Any], totals:
             continue
         per_host_fps[host].append({"fingerprint": fp, "blame": blame, "signature": sig, "class": cls,
                                    "count": int(count), "last": float(last or 0)})  # fmt: skip
-    counted, followed = node_failures(node_rows)
+    start = int(since // DAY_S) * DAY_S
+    counted, followed = node_failures(r for r in node_rows if r[3] >= start)
+    kept = held(node_rows, rule, until)
+    for name in kept:
+        hosts.setdefault(name, {"host": name, "failures": dict.fromkeys(BLAME_KEYS, 0), "last_failure": kept[name],
+                                "classes": defaultdict(int)})  # fmt: skip
     out_hosts = []
     for name, h in hosts.items():
         n = counted.get(name, 0)
-        excluded = n >= rule.min_node_failures
+        excluded = n >= rule.min_node_failures or name in kept
         fps = sorted(per_host_fps.get(name, []), key=lambda f: (-f["count"], f["fingerprint"]))[:top_fingerprints]
         why = (f"{n} node failure(s) in {rule.window_days:g} days (rule: {rule.min_node_failures})" if n else
                "no node failure in the window")  # fmt: skip
+        if name in kept and n < rule.min_node_failures:
+            why += (f"; kept out {rule.hold_days:g} days after its last counted node failure "
+                    f"({time.strftime('%Y-%m-%d', time.gmtime(kept[name]))}; rule: hold)")  # fmt: skip
         if followed.get(name):
             why += f"; {followed[name]} node failure(s) followed their job to other hosts (not counted)"
         classes = [{"class": c, "blame": b, "count": n} for (c, b), n in sorted(h.pop("classes").items())]

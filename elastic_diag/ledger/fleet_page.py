@@ -19,7 +19,7 @@ def fleet_text(view: Mapping[str, Any], top: int = 20) -> str:
     out = [f"elastic_diag fleet: {view['ledger']}",
            f"  window: the last {rule['window_days']:g} days: {view['verdicts']} verdicts, {view['failed']} failed",
            f"  rule: a host with {rule['min_node_failures']}+ node failures (not following their job to other hosts) "
-           "is recommended for exclusion", ""]  # fmt: skip
+           f"is recommended for exclusion{_hold(rule)}", ""]  # fmt: skip
     hosts = view["hosts"][:top]
     if not hosts:
         out.append("  no failure named a host in the window")
@@ -52,6 +52,11 @@ td,th{border:1px solid #ccc;padding:4px 8px;text-align:left}th{background:#f3f3f
 code{font-size:12px}h1{font-size:20px}"""
 
 
+def _hold(rule: Mapping[str, Any]) -> str:
+    days = float(rule.get("hold_days") or 0)
+    return f", and kept out {days:g} days after its last counted one" if days > 0 else ""
+
+
 def fleet_html(view: Mapping[str, Any]) -> str:
     e = html.escape
     rule = view["rule"]
@@ -75,7 +80,7 @@ def fleet_html(view: Mapping[str, Any]) -> str:
 <p>{e(view["ledger"])}: the last {rule["window_days"]:g} days ({e(_when(view["window"]["since"]))} to
 {e(_when(view["window"]["until"]))}), {view["verdicts"]} verdicts, {view["failed"]} failed.
 Rule: a host with {rule["min_node_failures"]} or more failures blamed on the node (not following their job to other
-hosts) is recommended for exclusion; user bugs, rendezvous and storage never count against a host.</p>
+hosts) is recommended for exclusion{e(_hold(rule))}; user bugs, rendezvous and storage never count against a host.</p>
 <h2>Hosts</h2>
 <table><tr><th>host</th><th>node</th><th>job</th><th>infra</th><th>unknown</th><th>counted</th><th>exclude</th>
 <th>last failure</th><th>fingerprints</th><th>why</th></tr>{"".join(rows)}</table>

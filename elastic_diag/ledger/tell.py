@@ -33,6 +33,7 @@ ENV_NOTIFY = "ELASTIC_DIAG_NOTIFY"
 ENV_NOTIFY_CMD = "ELASTIC_DIAG_NOTIFY_CMD"
 ENV_NOTIFY_TIMEOUT_S = "ELASTIC_DIAG_NOTIFY_TIMEOUT_S"
 ENV_SLURM_COMMENT = "ELASTIC_DIAG_SLURM_COMMENT"  # 0: leave the Slurm job's Comment alone
+ENV_DRAIN = "ELASTIC_DIAG_DRAIN"  # 1: drain a recommended host before the requeue (--diag-drain)
 NOTIFY_FILE = "notify.json"
 NOTIFY_SCHEMA = "elastic_diag.notify/1"
 DEFAULT_NOTIFY_TIMEOUT_S = 10.0
@@ -47,10 +48,11 @@ class TellOptions:
     slurm_job: str | None = None  # the job whose Comment carries the verdict
     timeout_s: float = DEFAULT_NOTIFY_TIMEOUT_S
     retry_s: float | None = None
+    drain: bool = False  # drain the failing host before a Slurm requeue when the ledger recommends excluding it
 
     @classmethod
     def resolve(cls, *, ledger: str | None = None, notify: str | None = None, notify_cmd: str | None = None,
-                env: Mapping[str, str] | None = None) -> TellOptions:  # fmt: skip
+                drain: bool | None = None, env: Mapping[str, str] | None = None) -> TellOptions:  # fmt: skip
         """From the flags, else the environment; a bad ledger value is a UsageError (before anything starts)."""
         e = os.environ if env is None else env
         timeout = _float(e.get(ENV_NOTIFY_TIMEOUT_S), DEFAULT_NOTIFY_TIMEOUT_S)
@@ -63,6 +65,7 @@ class TellOptions:
             slurm_job=e.get("SLURM_JOB_ID", "").strip() or None if comment else None,
             timeout_s=timeout,
             retry_s=retry,
+            drain=bool(drain) or e.get(ENV_DRAIN, "").strip().lower() in ("1", "yes", "on", "true"),
         )
 
 
@@ -104,16 +107,19 @@ def _open(options: TellOptions) -> Ledger:
 
 def keep_out(report: Mapping[str, Any], options: TellOptions, env: Mapping[str, str],
              ledger: Ledger | None = None) -> list[str]:  # fmt: skip
-    """A failure blamed on the node, on a host the ledger (this verdict included) recommends excluding: a line
-    saying so and how to keep it out (a launcher cannot restart without it yet: Slurm refuses to change a running
-    job's excluded nodes). The lines to say."""
+    """A failure blamed on the node, on a host the ledger (this verdict included) recommends excluding: the lines
+    to say. Under Slurm, when the job asks for a requeue and ``options.drain`` is set, the host is drained first
+    (``scontrol update NodeName=H State=DRAIN``), so the requeued job starts without it; Slurm refuses to change a
+    running job's own excluded nodes ("Job is no longer pending execution"), so a drain is the one way from
+    inside the job. Otherwise, and when the drain is refused (it needs Slurm operator rights), how to keep it
+    out."""
     if options.ledger is None or str(report.get("status")) == "succeeded":
         return []
     rows = verdicts_of_report(report, source="keep-out", recorded_at=time.time())
     last = rows[-1] if rows else None
     if last is None or last.blame != "node" or not last.initiating_host:
         return []
-    from elastic_diag.ledger.fleet import ExclusionRule, host_verdict
+    from elastic_diag.ledger.fleet import ExclusionRule, drain_reason, host_verdict, scontrol_drain
 
     own = ledger is None
     ledger = ledger or _open(options)
@@ -127,17 +133,36 @@ def keep_out(report: Mapping[str, Any], options: TellOptions, env: Mapping[str, 
     if not exclude:
         return []
     host = last.initiating_host
-    why = (f"{host} is recommended for exclusion: {n} node failures in {ExclusionRule().window_days:g} days "
-           "(elastic-diag fleet)")  # fmt: skip
+    rule = ExclusionRule()
+    why = f"{n} node failure(s) in {rule.window_days:g} days (rule: {rule.min_node_failures})"  # as the fleet says
+    said = f"{host} is recommended for exclusion: {why} (elastic-diag fleet)"
     requeue = report.get("requeue") if isinstance(report.get("requeue"), Mapping) else None
-    if env.get("SLURM_JOB_ID", "").strip() and requeue is not None and requeue.get("requeue"):
-        # Slurm refuses to change a running job's ExcNodeList ("Job is no longer pending execution"): the requeued
-        # job may land on the host again
-        return [
-            f"{why}; the requeued job may land on it again (Slurm does not change a running job's excluded "
-            f"nodes): drain it (elastic-diag fleet --apply) or resubmit with --exclude={host}"
-        ]
-    return [f"{why}; resubmit with --exclude={host}, or drain it (elastic-diag fleet --apply)"]
+    requeued = bool(env.get("SLURM_JOB_ID", "").strip() and requeue is not None and requeue.get("requeue"))
+    if not requeued:
+        return [f"{said}; resubmit with --exclude={host}, or drain it (elastic-diag fleet --apply)"]
+    if options.drain:
+        done = run_drain(scontrol_drain(host, drain_reason(why)), options.timeout_s)
+        if done is None:
+            return [f"{said}: drained it, so the requeued job starts without it (once mended: scontrol update "
+                    f"NodeName={host} State=RESUME)"]  # fmt: skip
+        return [f"{said}; it could not be drained ({done}): the requeued job may land on it again; resubmit "
+                f"with --exclude={host}"]  # fmt: skip
+    return [f"{said}; the requeued job may land on it again (Slurm does not change a running job's excluded "
+            f"nodes): pass --diag-drain (Slurm operator rights) to drain it before the requeue, drain it with "
+            f"elastic-diag fleet --apply, or resubmit with --exclude={host}"]  # fmt: skip
+
+
+def run_drain(argv: list[str], timeout_s: float) -> str | None:
+    """``scontrol update NodeName=... State=DRAIN``, bounded; None when done, else why not."""
+    if not shutil.which(argv[0]):
+        return f"{argv[0]} is not on PATH"
+    try:
+        done = subprocess.run(argv, timeout=timeout_s, stdin=subprocess.DEVNULL, capture_output=True, check=False)
+    except (subprocess.TimeoutExpired, OSError) as err:
+        return mask_shapes(str(err))[:200]
+    if done.returncode == 0:
+        return None
+    return mask_shapes(done.stderr.decode(errors="replace").strip()[:200]) or f"exit {done.returncode}"
 
 
 def one_line(report: Mapping[str, Any]) -> str:
@@ -292,4 +317,4 @@ def after_verdict(report: Mapping[str, Any], report_path: str | None, options: T
     return lines
 
 
-__all__ = ["ENV_LEDGER", "TellOptions", "after_verdict", "record_verdict", "safe_url", "tell"]
+__all__ = ["ENV_DRAIN", "ENV_LEDGER", "TellOptions", "after_verdict", "record_verdict", "safe_url", "tell"]

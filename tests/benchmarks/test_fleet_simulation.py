@@ -69,9 +69,12 @@ def test_fleet_view_over_a_ledger_of_50000_verdicts_agrees_with_the_policy(tmp_p
     # the rule over the rows of that window
     ledger = Ledger(f"sqlite:///{tmp_path / 'ledger.sqlite'}")
     mid = end - 10 * DAY_S - 0.001
+    rule = ExclusionRule()
+    start = bench.window_start(mid, rule)
     rows = [(fleet.names[a.host] if a.host is not None else None, a.job.name, a.fp, a.end) for a in res.history
-            if a.blame == "node" and bench.window_start(mid, ExclusionRule()) <= a.end <= mid]  # fmt: skip
-    counted, _ = bench.node_failures(rows)
-    view = fleet_view(ledger, ExclusionRule(), now=mid)
+            if a.blame == "node" and start - rule.hold_days * DAY_S <= a.end <= mid]  # fmt: skip
+    counted, _ = bench.node_failures(r for r in rows if r[3] >= start)
+    view = fleet_view(ledger, rule, now=mid)
     ledger.close()
-    assert set(view["exclude"]) == set(bench.recommended(counted, ExclusionRule()))
+    kept = bench.held(rows, rule, mid)
+    assert kept and set(view["exclude"]) == set(bench.recommended(counted, rule)) | set(kept)

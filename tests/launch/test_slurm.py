@@ -6,7 +6,9 @@ run with `srun torchrun-diag ...`, as users write their job scripts.
   pick the same name in the shared working directory), one merged report naming the culprit's rank
   and its Slurm node name; a deterministic failure exits 1 even with a requeue exit code set;
 * a retryable failure with --diag-requeue-exit-code 75 and `RequeueExit=75` in slurm.conf: Slurm
-  requeues the job, and its second run (SLURM_RESTART_COUNT=1, its own diag dir) succeeds;
+  requeues the job, and its second run (SLURM_RESTART_COUNT=1, its own diag dir) succeeds; the failure
+  is blamed on the node (an NCCL network error), the ledger already held one on each node, so with
+  --diag-drain the failing node is drained before the requeue and the second run starts on the other;
 * scancel: the SIGTERM reaches the launcher, which passes it on, takes the stack of the rank whose
   checkpoint save blocks, writes a "stopped" report and exits 143.
 
@@ -63,17 +65,41 @@ def _wait_for_line(path: Path, text: str, timeout: float, slurm: SlurmCluster, j
                          + f"\njob {job}: {slurm.job(job)}\n{slurm.logs()}")  # fmt: skip
 
 
+def _seed_node_failures(ledger_path: Path) -> None:
+    """One earlier NCCL network failure on each node, in two other jobs: a second one makes a node recommended."""
+    from elastic_diag.ledger.store import Ledger
+    from elastic_diag.ledger.verdicts import verdicts_of_report
+
+    ledger = Ledger(f"sqlite:///{ledger_path}")
+    for i, node in enumerate(("node0", "node1")):
+        d = {
+            "failure_class": "network_error",
+            "initiating_rank": 0,
+            "initiating_node": node,
+            "signature_id": "nccl-network-error",
+            "evidence": ["NET/IB : Got completion from peer 10.0.0.3<52244> with status=12 opcode=0 len=0"],
+        }
+        report = {"run_id": f"earlier-{i}", "status": "failed", "attempts": [
+            {"attempt": 0, "status": "failed", "diagnosis": d, "ranks": [{"rank": 0, "node": node}]}]}  # fmt: skip
+        ledger.record(verdicts_of_report(report, source="torchrun-diag", job_id=f"slurm:90{i}",
+                                         recorded_at=time.time() - 3600))  # fmt: skip
+    ledger.close()
+
+
 def test_srun_torchrun_diag_on_two_nodes_requeue_and_scancel(slurm, tmp_path):
     work = tmp_path / "work"  # every job's working directory: "shared" by both nodes, as on a cluster
     work.mkdir()
+    ledger_path = tmp_path / "ledger.sqlite"
+    _seed_node_failures(ledger_path)
     try:
         # 1. a retryable failure (requeued, then it succeeds) and a scancel'd job, side by side on one node each
         requeue_job = slurm.sbatch(_script(tmp_path / "requeue.sh", f"""
 inject=network-error
 [ "${{SLURM_RESTART_COUNT:-0}}" -gt 0 ] && inject=none
-srun {LAUNCHER} --standalone --nproc-per-node 2 --diag-requeue-exit-code {REQUEUE} \\
+srun {LAUNCHER} --standalone --nproc-per-node 2 --diag-requeue-exit-code {REQUEUE} --diag-drain \\
     {EXAMPLE} --inject $inject --culprit-rank 1 --steps 6 --pg-timeout 8
-"""), "-N1", "--requeue", "--open-mode=append", "-o", f"{tmp_path}/requeue-%j.out", cwd=work)  # fmt: skip
+"""), "-N1", "--requeue", "--open-mode=append", "-o", f"{tmp_path}/requeue-%j.out", cwd=work,
+            env={"ELASTIC_DIAG_LEDGER": str(ledger_path)})  # fmt: skip
         cancel_out = tmp_path / "cancel.out"
         cancel_job = slurm.sbatch(_script(tmp_path / "cancel.sh", f"""
 srun bash -c 'trap "echo the step shell got SIGTERM" TERM
@@ -117,6 +143,17 @@ echo "launcher exit $?"'
             1, "network_error"), failed_run["diagnosis"]  # fmt: skip
         assert failed_run["requeue"]["requeue"] is True and failed_run["requeue"]["exit_code"] == REQUEUE
         assert second_run["status"] == "succeeded"
+        # the node blamed (its second node failure) was drained before the requeue: the second run is on the other
+        bad = failed_run["diagnosis"]["initiating_node"]
+        assert bad in ("node0", "node1") and second_run["node"] == {"node0": "node1", "node1": "node0"}[bad], (
+            bad, second_run["node"])  # fmt: skip
+        said = (tmp_path / f"requeue-{requeue_job}.out").read_text(errors="replace")
+        assert (f"{bad} is recommended for exclusion: 2 node failure(s) in 14 days (rule: 2) (elastic-diag fleet): "
+                "drained it, so the requeued job starts without it") in said, (
+            said[-3000:])  # fmt: skip
+        node = slurm.client("scontrol", "show", "node", bad).stdout
+        assert "DRAIN" in node and "Reason=elastic_diag: 2 node failure(s)" in node, node
+        slurm.client("scontrol", "update", f"NodeName={bad}", "State=RESUME")  # both nodes again for the next job
 
         # 2. two nodes, one srun step, the default diag dir; rank 1 (on node1) raises
         port = free_port()

@@ -67,6 +67,9 @@ def _ledger(path: Path) -> Ledger:
     add(_report("o", 0, "gpu-once", "gpu-xid-ecc", "cuda_error", XID79.format(bus="1a", pid=5)), "slurm:400", 4)
     add(_report("p", 0, "gpu-old", "gpu-xid-ecc", "cuda_error", XID79.format(bus="1a", pid=5)), "slurm:500", 30)
     add(_report("q", 0, "gpu-old", "gpu-xid-ecc", "cuda_error", XID79.format(bus="1a", pid=6)), "slurm:501", 29)
+    # two older still, also within 14 days of each other: beyond the 30 days' hold
+    add(_report("r", 0, "gpu-older", "gpu-xid-ecc", "cuda_error", XID79.format(bus="1a", pid=7)), "slurm:502", 45)
+    add(_report("s", 0, "gpu-older", "gpu-xid-ecc", "cuda_error", XID79.format(bus="1a", pid=8)), "slurm:503", 40)
     healthy = _report("h", 0, "gpu-01", "python-exception", "python_exception", "")
     healthy["status"] = healthy["attempts"][0]["status"] = "succeeded"
     for i in range(20):
@@ -80,7 +83,7 @@ def test_node_faults_count_user_bugs_and_failures_that_follow_their_job_do_not(t
     view = fleet_view(_ledger(tmp_path / "l.sqlite"), ExclusionRule(), now=NOW)
     validate(view)
     hosts = {h["host"]: h for h in view["hosts"]}
-    assert view["exclude"] == ["gpu-nic", "gpu-bad"]  # most counted failures first
+    assert view["exclude"] == ["gpu-nic", "gpu-bad", "gpu-old"]  # most counted failures first; then the held
     assert hosts["gpu-nic"]["node_failures_counted"] == 3 and hosts["gpu-bad"]["failures"]["node"] == 2
     assert hosts["gpu-user"]["failures"] == {"node": 0, "job": 6, "infra": 0, "unknown": 0}
     assert not hosts["gpu-user"]["exclude"] and not hosts["gpu-app"]["exclude"]
@@ -88,13 +91,18 @@ def test_node_faults_count_user_bugs_and_failures_that_follow_their_job_do_not(t
     for h in ("gpu-10", "gpu-11", "gpu-12"):  # the misconfigured job: its failures followed it
         assert hosts[h]["node_failures_counted"] == 0 and hosts[h]["node_failures_followed_job"] == 1
         assert "followed their job" in hosts[h]["why"]
-    assert not hosts["gpu-once"]["exclude"] and "gpu-old" not in hosts
+    assert not hosts["gpu-once"]["exclude"] and "gpu-older" not in hosts
+    # gpu-old's two Xids (29 and 30 days ago) kept it out then: held 30 days after the last, with no run since
+    old = hosts["gpu-old"]
+    assert (old["exclude"], old["node_failures_counted"], old["failures"]["node"]) == (True, 0, 0), old
+    assert "kept out 30 days after its last counted node failure" in old["why"] and "rule: hold" in old["why"]
+    assert "gpu-old" not in fleet_view(_ledger(tmp_path / "n.sqlite"), ExclusionRule(hold_days=0), now=NOW)["exclude"]
     (wide,) = view["widespread"]  # the same NCCL line on the NIC's host and where the misconfigured job ran
     assert (wide["hosts"], wide["jobs"], wide["signature"]) == (4, 3, "nccl-network-error")
     assert hosts["gpu-bad"]["fingerprints"][0]["count"] == 2  # one fingerprint: the same Xid line, another pid
     assert view["verdicts"] == 37 and view["failed"] == 17  # the two old failures are outside the window
     actions = view["actions"]
-    assert actions["slurm_exclude"] == "--exclude=gpu-nic,gpu-bad"
+    assert actions["slurm_exclude"] == "--exclude=gpu-nic,gpu-bad,gpu-old"
     assert actions["scontrol"][1].startswith(
         "scontrol update NodeName=gpu-bad State=DRAIN 'Reason=elastic_diag: 2 node"
     )
@@ -158,11 +166,11 @@ def test_the_command_writes_json_page_and_textfile_and_refuses_a_newer_ledger(tm
     assert done.returncode == 0, done.stderr
     view = json.loads(done.stdout)
     validate(view)
-    assert view["exclude"] == ["gpu-nic", "gpu-bad"]
+    assert view["exclude"] == ["gpu-nic", "gpu-bad", "gpu-old"]
     assert (tmp_path / "fleet.html").read_text().startswith("<!doctype html>")
     assert "elastic_diag_host_excluded" in (tmp_path / "f.prom").read_text()
     text = _cli("fleet", "--diag-ledger", str(tmp_path / "now.sqlite"))
-    assert "keep out: gpu-nic, gpu-bad" in text.stdout and "--exclude=gpu-nic,gpu-bad" in text.stdout
+    assert "keep out: gpu-nic, gpu-bad, gpu-old" in text.stdout and "--exclude=gpu-nic,gpu-bad,gpu-old" in text.stdout
     with fresh.engine.begin() as conn:
         conn.execute(sa.text("UPDATE ledger_meta SET value = '7' WHERE key = 'schema_version'"))
     fresh.close()
@@ -171,3 +179,20 @@ def test_the_command_writes_json_page_and_textfile_and_refuses_a_newer_ledger(tm
     missing = _cli("fleet", "--diag-ledger", str(tmp_path / "nothing.sqlite"))
     assert missing.returncode == 2 and "no ledger at" in missing.stderr
     assert not (tmp_path / "nothing.sqlite").exists()
+
+
+def test_the_hold_keeps_a_host_out_after_the_window_and_lets_it_back_after_the_hold():
+    from elastic_diag.ledger.fleet import held
+
+    rule = ExclusionRule()  # 2 counted in 14 days; held 30 days after the last
+    pair = [("h", "j1", "f", NOW - 20 * DAY), ("h", "j2", "f", NOW - 10 * DAY)]
+    assert held(pair, rule, NOW) == {"h": NOW - 10 * DAY}
+    assert held(pair, rule, NOW + 21 * DAY) == {}  # 31 days after the last: back
+    far = [("h", "j1", "f", NOW - 28 * DAY), ("h", "j2", "f", NOW - 10 * DAY)]  # 18 days apart: never kept out
+    assert held(far, rule, NOW) == {}
+    # the same job's fingerprint on two hosts followed its job: it never counts, so never holds
+    followed = [("a", "j1", "f", NOW - 9 * DAY), ("b", "j1", "f", NOW - 9 * DAY), ("a", "j1", "f", NOW - 8 * DAY),
+                ("b", "j1", "f", NOW - 8 * DAY)]  # fmt: skip
+    assert held(followed, rule, NOW) == {}
+    assert held(pair, ExclusionRule(hold_days=0), NOW) == {}
+    assert held(pair, ExclusionRule(min_node_failures=3), NOW) == {}

@@ -11,6 +11,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
+from dataclasses import replace
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
@@ -199,7 +200,7 @@ def test_elastic_diag_exec_records_every_rank_watchs_verdict_once(tmp_path):
     assert (row["source"], row["initiating_rank"], row["failure_class"]) == ("exec", 1, "python_exception")
 
 
-def test_a_second_node_failure_on_a_host_says_to_keep_it_out(tmp_path):
+def test_a_second_node_failure_on_a_host_says_to_keep_it_out(tmp_path, monkeypatch):
     from elastic_diag.ledger.tell import keep_out, record_verdict
 
     xid = "NVRM: Xid (PCI:0000:3b:00): 79, pid={}, name=python, GPU has fallen off the bus."
@@ -223,10 +224,14 @@ def test_a_second_node_failure_on_a_host_says_to_keep_it_out(tmp_path):
         assert keep_out(r, options, {"SLURM_JOB_ID": job}) == []  # a user's bug; one GPU fault is not a pattern
     record_verdict(second, None, options, source="exec", env={"SLURM_JOB_ID": "3"})
     (line,) = keep_out(second, options, {"SLURM_JOB_ID": "3"})
-    assert line.startswith("gpu-9 is recommended for exclusion: 2 node failures in 14 days")
-    assert "the requeued job may land on it again" in line and "--exclude=gpu-9" in line
+    assert line.startswith("gpu-9 is recommended for exclusion: 2 node failure(s) in 14 days (rule: 2)")
+    assert "the requeued job may land on it again" in line and "--diag-drain" in line and "--exclude=gpu-9" in line
     (line,) = keep_out(second, options, {})
     assert line.endswith("resubmit with --exclude=gpu-9, or drain it (elastic-diag fleet --apply)")
+    # --diag-drain where the drain cannot run (the real drain: tests/launch/test_slurm.py): said, with the way out
+    monkeypatch.setenv("PATH", str(tmp_path))
+    (line,) = keep_out(second, replace(options, drain=True), {"SLURM_JOB_ID": "3"})
+    assert "could not be drained (scontrol is not on PATH)" in line and line.endswith("--exclude=gpu-9"), line
 
 
 def test_secrets_of_the_process_never_reach_the_ledger_or_the_webhook(tmp_path, monkeypatch):
