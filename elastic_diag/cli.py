@@ -92,6 +92,11 @@ def _cmd_analyze(args: argparse.Namespace) -> int:
         return EXIT_USAGE
     with Progress("elastic-diag analyze", sys.stderr) as progress:
         analysis = analyze_paths(args.paths, progress=progress.update)
+        if args.known_good:
+            from elastic_diag.offline.divergence import with_known_good
+
+            analysis = with_known_good(analysis, args.paths, args.known_good, insist=args.known_good_anyway,
+                                       progress=progress.update)  # fmt: skip
     if args.json:
         print(json.dumps(redaction.current().data(analysis.to_json()), indent=2))  # JSON escapes control characters
     else:
@@ -354,6 +359,11 @@ def get_parser() -> argparse.ArgumentParser:
     analyze.add_argument("--json", action="store_true", help="print one JSON object (elastic_diag.analysis/1)")
     analyze.add_argument("--record", action="store_true",
                          help="append the verdict to the ledger (--diag-ledger, env ELASTIC_DIAG_LEDGER)")  # fmt: skip
+    analyze.add_argument("--known-good", nargs="+", metavar="GOOD",
+                         help="logs of a run of the same job that succeeded (files, dirs, diag dirs, .gz): the first "
+                         "line of each rank that differs from it, before its first error")  # fmt: skip
+    analyze.add_argument("--known-good-anyway", action="store_true",
+                         help="compare with the --known-good run even when it is itself a failure")  # fmt: skip
     _ledger_flags(analyze, notify=False)
     analyze.set_defaults(func=_cmd_analyze)
     report = sub.add_parser("report", help="(re)render report.html of a diag dir, from its report.json")

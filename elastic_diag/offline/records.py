@@ -182,6 +182,7 @@ class Analysis:
     context: list[str] = field(default_factory=list)
     decisive: LogLine | None = None
     failure_seen: bool = True  # the logs show a failure (False: healthy, or no failure and no sign of the end)
+    known_good: dict[str, Any] | None = None  # the comparison with a known-good run (offline/divergence.py)
 
     @property
     def torchrun_root(self) -> int | None:
@@ -221,7 +222,15 @@ class Analysis:
             "torchrun_root_cause_rank": self.torchrun_root,
             "files": self.files,
             "skipped": self.skipped,
+            **self._known_good_json(),
         }
+
+    def _known_good_json(self) -> dict[str, Any]:
+        if self.known_good is None:
+            return {}
+        rows = self.known_good.get("first_divergence", [])
+        return {"known_good": {k: v for k, v in self.known_good.items() if k != "first_divergence"},
+                "first_divergence": rows}  # fmt: skip
 
 
 def distinct_texts(lines: tuple[LogLine, ...] | list[LogLine]) -> list[str]:

@@ -1,0 +1,249 @@
+"""``elastic-diag analyze FAILED --known-good GOOD``: the first line of each rank that differs from a good run.
+
+Real runs of one user-style trainer (tests/offline/known_good_job.py: Python logging, a tqdm bar, a library
+warning, a shard name and the loss every step) on 2 gloo ranks, each run with its own seed, step count, port,
+pids and timestamps: two good runs (one under torchrun-diag, a diag dir; one under plain torchrun --tee 3, a
+console log) and two failed ones where rank 1 first warns "checksum mismatch ... using cached copy" (plain
+torchrun: it then raises; torchrun-diag: it then stalls past the collective timeout). Compared across the two
+layouts, the planted warning is the first divergence and the runs' normal differences never are. Then the
+bad input: a "good" run that failed, one of another script, an empty one; and written logs for what the runs
+cannot show cheaply (no rule names a rank, a changed layout).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from helpers import FIXTURES, ROOT, kill_leftovers
+
+from elastic_diag.core.templates import pre_templates, template
+from elastic_diag.offline.analyze import analyze_paths
+from elastic_diag.offline.divergence import with_known_good
+from elastic_diag.report.schema import validate
+
+JOB = Path(__file__).with_name("known_good_job.py")
+PLANTED = "checksum mismatch for shard-"
+OTHER_SCRIPT = FIXTURES / "logs" / "329_healthy_deepspeed_2proc_exits_successfully_glued_progress" / "console.log"
+
+
+def _run(argv: list[str], out: Path, diag_dir: Path | None, timeout: float = 90) -> int:
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    with out.open("wb") as fh:
+        proc = subprocess.Popen(argv, stdout=fh, stderr=subprocess.STDOUT, env=env, cwd=ROOT, start_new_session=True)
+        try:
+            return proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            pytest.fail(f"{argv} timed out:\n{out.read_text(errors='replace')[-3000:]}")
+        finally:
+            if diag_dir is not None:
+                kill_leftovers(diag_dir)
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory) -> dict[str, Path]:
+    """The four runs, made once for the session's xdist workers together (a lock in their shared temp root)."""
+    from filelock import FileLock
+
+    root = tmp_path_factory.getbasetemp().parent
+    d = root / "known_good_runs"
+    with FileLock(str(root / "known_good_runs.lock")):
+        if not (d / "done").exists():
+            d.mkdir(exist_ok=True)
+            _make_runs(d)
+            (d / "done").write_text("")
+    return {"good_diag": d / "good_diag", "good_console": d / "good_console.log",
+            "failed_console": d / "failed_console.log", "failed_diag": d / "failed_diag"}  # fmt: skip
+
+
+def _make_runs(d: Path) -> None:
+    diag = [sys.executable, "-m", "elastic_diag.run", "--standalone", "--nproc-per-node", "2"]
+    plain = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "--tee", "3"]
+    job = [str(JOB), "--culprit", "1", "--fail-at", "4", "--pg-timeout", "4"]
+    codes = {
+        "good_diag": _run([*diag, "--diag-dir", str(d / "good_diag"), *job, "--seed", "1", "--steps", "9"],
+                          d / "good_diag.out", d / "good_diag"),
+        "good_console": _run([*plain, *job, "--seed", "3", "--steps", "11"], d / "good_console.log", None),
+        "failed_console": _run([*plain, *job, "--seed", "2", "--steps", "12", "--fail", "raise"],
+                               d / "failed_console.log", None),
+        "failed_diag": _run([*diag, "--diag-dir", str(d / "failed_diag"), *job, "--seed", "4", "--steps", "10",
+                             "--fail", "stall"], d / "failed_diag.out", d / "failed_diag"),
+    }  # fmt: skip
+    assert codes == {"good_diag": 0, "good_console": 0, "failed_console": 1, "failed_diag": 1}, codes
+
+
+def _compare(failed: Path, good: Path, insist: bool = False) -> dict:
+    analysis = with_known_good(analyze_paths([failed]), [failed], [good], insist=insist)
+    data = analysis.to_json()
+    validate(data)
+    return data
+
+
+def _line(path: str, number: int) -> str:
+    return Path(path).read_text(errors="replace").split("\n")[number - 1]
+
+
+@pytest.mark.multiprocess
+@pytest.mark.parametrize(("failed", "good"), [("failed_console", "good_diag"), ("failed_diag", "good_console")])
+def test_the_planted_warning_is_the_first_divergence_across_layouts(runs, failed, good):
+    data = _compare(runs[failed], runs[good])
+    assert data["diagnosis"]["initiating_rank"] == 1, data["diagnosis"]
+    assert data["known_good"]["runs"] == {"failed": [str(runs[failed])], "good": [str(runs[good])]}
+    first = data["first_divergence"][0]
+    assert (first["rank"], first["level"], first["ranks_printing"]) == (1, "warning", 1), data["first_divergence"]
+    assert PLANTED in first["text"] and first["before_error"] is True
+    assert PLANTED in _line(first["file"], first["line"])  # the line number is the file's
+    # the runs' normal differences (seeds, steps, ports, pids, times, losses, the bar) are never a divergence:
+    # every rank's row is the planted line (rows of no rank are the launchers' own lines, one layout has none)
+    ranked = [r for r in data["first_divergence"] if r["rank"] is not None]
+    assert [r["rank"] for r in ranked] == [1] and all(PLANTED in r["text"] for r in ranked), ranked
+    assert not data["known_good"]["notes"] or all("another script" not in n for n in data["known_good"]["notes"])
+
+
+@pytest.mark.multiprocess
+def test_two_good_runs_of_different_seeds_and_layouts_do_not_diverge(runs):
+    data = _compare(runs["good_console"], runs["good_diag"])
+    assert data["diagnosis"]["failure_class"] in ("healthy", "unknown")  # plain torchrun prints no "done" line
+    assert [r for r in data["first_divergence"] if r["rank"] is not None] == []
+
+
+@pytest.mark.multiprocess
+def test_the_command_line_and_its_text(runs):
+    done = subprocess.run([sys.executable, "-m", "elastic_diag", "analyze", str(runs["failed_console"]),
+                           "--known-good", str(runs["good_diag"])], capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert done.returncode == 1, done.stderr
+    assert "first divergence from the known-good run" in done.stdout
+    assert f"rank 1 [warning; only this rank] {runs['failed_console'].name}:" in done.stdout, done.stdout
+
+
+@pytest.mark.multiprocess
+def test_a_good_run_that_failed_is_refused_unless_asked(runs):
+    refused = _compare(runs["failed_diag"], runs["failed_console"])
+    assert refused["known_good"]["refused"].startswith("the known-good run is itself a failure (python_exception")
+    assert refused["first_divergence"] == [] and refused["diagnosis"]["initiating_rank"] == 1
+    insisted = _compare(runs["failed_diag"], runs["failed_console"], insist=True)
+    assert "compared all the same" in insisted["known_good"]["notes"][0]
+    assert PLANTED not in json.dumps(insisted["first_divergence"])  # both runs printed it: not novel
+
+
+@pytest.mark.multiprocess
+def test_another_script_and_an_empty_good_run_are_said_and_the_verdict_stands(runs, tmp_path):
+    other = _compare(runs["failed_console"], OTHER_SCRIPT)
+    assert any("looks like another script" in n for n in other["known_good"]["notes"]), other["known_good"]
+    assert other["diagnosis"]["initiating_rank"] == 1
+    empty = tmp_path / "empty.log"
+    empty.write_text("")
+    data = _compare(runs["failed_console"], empty)
+    assert any("no readable line" in n for n in data["known_good"]["notes"])
+    assert data["diagnosis"]["initiating_rank"] == 1 and data["first_divergence"] == []
+    missing = _compare(runs["failed_console"], tmp_path / "nothing-here")
+    assert any("no such file" in n for n in missing["known_good"]["notes"]), missing["known_good"]
+
+
+# --- written logs: what the runs cannot show cheaply -------------------------------------------------------
+
+
+def _write_run(folder: Path, ranks: int, seed: int, *, warn_rank: int | None, timeout: bool) -> None:
+    import random
+    import time
+
+    rng = random.Random(seed)
+    folder.mkdir(parents=True)
+    for r in range(ranks):
+        lines = [f"gpu-{seed}{r // 4}:{rng.randrange(9999)}:{rng.randrange(9999)} [{r % 4}] NCCL INFO Channel 00/02 : "
+                 f"{r}[{r % 4}] -> {(r + 1) % ranks}[{(r + 1) % 4}] via P2P/IPC"]  # fmt: skip
+        t = 1_796_000_000 + seed * 1000.0
+        for step in range(120):
+            t += 0.5
+            ts = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(t))
+            lines.append(f"{ts},{rng.randrange(1000):03d} INFO step {step} loss {rng.random() * 3:.4f}")
+            if r == warn_rank and step == 90:
+                lines.append(f"{ts},000 WARNING falling back to CPU decode for batch {rng.randrange(9999)}: no nvjpeg")
+        if timeout:
+            lines.append(f"[rank{r}]:[E1204 15:21:44.{rng.randrange(10**6):06d} {1000 + r} ProcessGroupNCCL.cpp:616] "
+                         f"[Rank {r}] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=412, "
+                         "OpType=ALLREDUCE, NumelIn=1024, NumelOut=1024, Timeout(ms)=600000) ran for 600031 "
+                         "milliseconds before timing out.")  # fmt: skip
+        (folder / f"rank_{r}.log").write_text("\n".join(lines) + "\n")
+
+
+def test_when_no_rule_names_a_rank_a_divergence_on_one_rank_makes_it_the_suspect(tmp_path):
+    _write_run(tmp_path / "good", 4, 1, warn_rank=None, timeout=False)
+    _write_run(tmp_path / "failed", 4, 2, warn_rank=2, timeout=True)
+    data = _compare(tmp_path / "failed", tmp_path / "good")
+    d = data["diagnosis"]
+    assert d["initiating_rank"] is None and d["suspected_rank"] == 2, d  # every rank timed out alike
+    assert "diverges from the known-good run before any error" in d["suspected_reason"]
+    assert "Suspect: rank 2" in d["summary"] and data["known_good"]["suspect"]["rank"] == 2
+    # the same line on every rank is no suspect
+    _write_run(tmp_path / "failed_all", 4, 3, warn_rank=None, timeout=True)
+    for r in range(4):
+        with (tmp_path / "failed_all" / f"rank_{r}.log").open("r+") as fh:
+            text = fh.read()
+            fh.seek(0)
+            fh.write(text.replace(" INFO step 60 ", " WARNING falling back to CPU decode: no nvjpeg\n0 INFO step 60 ", 1))
+    every = _compare(tmp_path / "failed_all", tmp_path / "good")
+    assert every["diagnosis"].get("suspected_rank") is None
+    assert {r["ranks_printing"] for r in every["first_divergence"] if r["rank"] is not None} == {4}
+
+
+def test_a_good_run_with_fewer_ranks_and_other_hosts_is_compared_and_the_change_said(tmp_path):
+    _write_run(tmp_path / "good", 4, 1, warn_rank=None, timeout=False)
+    _write_run(tmp_path / "failed", 8, 2, warn_rank=6, timeout=True)
+    data = _compare(tmp_path / "failed", tmp_path / "good")
+    layout = data["known_good"]["layout"]
+    assert layout["changed"] and "8 ranks against 4 in the good run" in layout["changes"][0], layout
+    first = data["first_divergence"][0]
+    assert first["rank"] == 6 and "falling back to CPU decode" in first["text"]  # ranks 4-7 compared by role
+    assert [r["rank"] for r in data["first_divergence"] if r["rank"] is not None] == [6]
+
+
+# --- templates ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "pair",
+    [
+        (b"[default3]:2026-12-04 15:21:44,123 INFO step 1234/100000 loss 2.3456 lr 1.2e-05",
+         b"[default12]:2026-11-30 01:02:03,9 INFO step 5/100000 loss 12.1 lr 0.00012"),
+        (b"gpu-a12:12345:12399 [3] NCCL INFO Channel 03/0 : 3[3] -> 4[4] via P2P/IPC/read",
+         b"node7:1:2 [0] NCCL INFO Channel 13/0 : 13[5] -> 14[6] via P2P/IPC/read"),
+        (b"Epoch 3:  45%|\xe2\x96\x88\xe2\x96\x88\xe2\x96\x88\xe2\x96\x88\xe2\x96\x8c     | 450/1000 [00:12<00:15, "
+         b"36.52it/s, loss=2.35, v_num=0]",
+         b"Epoch 0:   0%|          | 0/15 [00:00<?, ?it/s]"),
+        (b"saved to /tmp/tmpk3j_x9zq/ckpt.pt", b"saved to /tmp/tmp0a1b2c3d/ckpt.pt"),
+        (b"[rank3]:comm 0x55d5c8a3e2b0 rank 3 nranks 8 busId 5f000 commId 0x2a6c3b1c7b1f8e5c - Init COMPLETE",
+         b"[rank0]:comm 0x7f0000001000 rank 0 nranks 16 busId 1a000 commId 0x0000aaaa0000bbbb - Init COMPLETE"),
+        (b"3: step 5 \x1b[32mok\x1b[0m", b"[1,12]<stderr>:step 77 \x1b[32mok\x1b[0m"),
+    ],
+)  # fmt: skip
+def test_normal_differences_share_a_template(pair):
+    a, b = (template(pre_templates(x)[0]) for x in pair)
+    assert a == b, (a, b)
+
+
+@pytest.mark.parametrize(
+    "pair",
+    [
+        (b"INFO step 5 loss 2.31", b"INFO step 5 loss nan"),
+        (b"INFO using NCCL NET/IB", b"INFO using NCCL NET/Socket"),
+        (b"loaded shard from remote store", b"checksum mismatch, using cached copy"),
+        (b"WARNING: retrying in 5s", b"INFO: retrying in 5s"),
+    ],
+)
+def test_what_matters_keeps_templates_apart(pair):
+    a, b = (template(pre_templates(x)[0]) for x in pair)
+    assert a != b
+
+
+def test_crlf_frames_and_offsets_stay_with_their_raw_lines():
+    chunk = b"a 1\rb 22\nc 333\n"
+    pre = pre_templates(chunk)
+    assert [len(p) for p in pre] == [3, 4, 5, 0] and sum(len(p) + 1 for p in pre) == len(chunk) + 1
