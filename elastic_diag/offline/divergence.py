@@ -3,7 +3,8 @@
 The good run's lines are reduced to templates (:mod:`elastic_diag.core.templates`) and kept as a set; the
 failed run's lines whose template is not in it are **novel**. Per rank, the first novel line before that rank's
 first error (from the analysis of the failed run) is its **first divergence**: a warning only the failing run
-printed, a new host, a fallback, a retry. They are ranked: the initiating rank's first; warnings and errors above
+printed, a new host, a fallback, a retry. When that first line is only information, the rank's first novel
+warning (before its error) is given too. They are ranked: the initiating rank's first; warnings and errors above
 information; a line only one rank printed above one that every rank printed; then the earliest.
 
 Everything is streamed in chunks (both sides' bytes are read once; Python touches each *distinct* line shape,
@@ -301,8 +302,10 @@ def before(occ: Occurrence, err: FirstError | None) -> bool | None:
 
 def first_divergences(novel: Novel, errors: Mapping[int, FirstError], initiating: int | None) -> list[dict[str, Any]]:
     """Per rank, the first novel line before its first error; ranked (the module's docstring)."""
-    per_rank: dict[int | None, Occurrence] = {}
-    when: dict[int | None, bool | None] = {}
+    # per rank its first novel line, and its first novel warning when that first line is only information (a
+    # warning is what a person looks for; the first line is what changed first)
+    per_rank: dict[tuple[int | None, bool], Occurrence] = {}
+    when: dict[tuple[int | None, bool], bool | None] = {}
     ended: set[tuple[int | None, str]] = set()  # (rank, file) past a novel error line: the rest is after an error
     for (_t, rank), occ in sorted(novel.first.items(), key=lambda kv: kv[1].order):
         if (rank, occ.file) in ended:
@@ -313,12 +316,17 @@ def first_divergences(novel: Novel, errors: Mapping[int, FirstError], initiating
         b = before(occ, errors.get(rank) if rank is not None else None)
         if b is False:
             continue
-        if rank in per_rank and not (when[rank] is None and b is True):
+        key = (rank, occ.level != "info")
+        if key in per_rank and not (when[key] is None and b is True):
             continue
-        per_rank[rank] = occ
-        when[rank] = b
+        per_rank[key] = occ
+        when[key] = b
+    for rank, _warning in list(per_rank):  # a warning that is also the rank's first novel line: one row
+        first, warned = per_rank.get((rank, False)), per_rank.get((rank, True))
+        if first is not None and warned is not None and warned.order < first.order:
+            del per_rank[(rank, False)]
     rows: list[dict[str, Any]] = []
-    for rank, occ in per_rank.items():
+    for (rank, warning), occ in per_rank.items():
         err = errors.get(rank) if rank is not None else None
         n_ranks = len(novel.ranks.get(occ.template, ()))
         ahead = None
@@ -326,7 +334,7 @@ def first_divergences(novel: Novel, errors: Mapping[int, FirstError], initiating
             ahead = round(err.time - occ.time, 3)
         rows.append({
             "rank": rank, "file": occ.file, "line": occ.line, "text": occ.text, "time": occ.time,
-            "seconds_before_error": ahead, "before_error": when[rank], "level": occ.level,
+            "seconds_before_error": ahead, "before_error": when[(rank, warning)], "level": occ.level,
             "ranks_printing": n_ranks, "count": novel.count.get(occ.template, 1),
         })  # fmt: skip
     rows.sort(key=lambda r: (r["rank"] != initiating or initiating is None, r["rank"] is None,
@@ -397,8 +405,9 @@ def compare(failed_paths: Sequence[str | Path], good_paths: Sequence[str | Path]
     good_shapes = len(good.templates) - 1
     share = novel.shared / good_shapes if good_shapes else 1.0
     if good_shapes >= 8 and share < FEW_SHARED:
-        notes.append(f"the known-good run looks like another script: the failed run printed only {100 * share:.0f} % "
-                     f"of its line shapes ({novel.shared} of {good_shapes})")  # fmt: skip
+        notes.append(f"the two runs have few line shapes in common: the failed run printed only {100 * share:.0f} % of "
+                     f"the good run's ({novel.shared} of {good_shapes}); the known-good run looks like another script "
+                     "(or the logs are excerpts of different parts of the runs)")  # fmt: skip
     if good.capped or novel.side.capped:
         notes.append(f"more than {MAX_TEMPLATES:,} distinct line shapes: the comparison kept the first "
                      f"{MAX_TEMPLATES:,} (lines of the shapes beyond were not all judged)")  # fmt: skip
@@ -460,11 +469,11 @@ def format_known_good(kg: Mapping[str, Any], shown: Any = str, top: int = 5) -> 
         out.append(f"  first divergence from the known-good run ({good}; {kg.get('novel_templates', 0)} new line "
                    "shapes):")  # fmt: skip
         for r in rows[:top]:
-            who = f"rank {r['rank']}" if r["rank"] is not None else "launcher (no rank)"
+            who = f"rank {r['rank']}" if r["rank"] is not None else "rank ?"
             ahead = (f", {r['seconds_before_error']:g} s before its first error" if r.get("seconds_before_error")
                      is not None else "")  # fmt: skip
-            only = ("not the ranks'" if r["rank"] is None else "only this rank" if r["ranks_printing"] == 1
-                    else f"{r['ranks_printing']} ranks")  # fmt: skip
+            only = ("a line of no rank (a launcher's, or no prefix)" if r["rank"] is None else "only this rank"
+                    if r["ranks_printing"] == 1 else f"{r['ranks_printing']} ranks")  # fmt: skip
             out.append(f"    {who} [{r['level']}; {only}{ahead}] {Path(r['file']).name}:{r['line']}: "
                        f"{shown(r['text'][:200])}")  # fmt: skip
         if len(rows) > top:

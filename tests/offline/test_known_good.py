@@ -205,6 +205,21 @@ def test_a_good_run_with_fewer_ranks_and_other_hosts_is_compared_and_the_change_
     assert [r["rank"] for r in data["first_divergence"] if r["rank"] is not None] == [6]
 
 
+# --- public log pairs: a reporter's working and failing runs of one job ----------------------------------
+
+
+@pytest.mark.parametrize("case", sorted(p.name for p in (FIXTURES / "known_good").iterdir()))
+def test_a_public_pair_diverges_where_a_person_points(case):
+    folder = FIXTURES / "known_good" / case
+    expected = json.loads((folder / "expected.json").read_text())
+    assert expected["source"].startswith("https://")
+    data = _compare(folder / "failed.log", folder / "good.log")
+    first = data["first_divergence"][0]
+    assert expected["divergent_text"] in first["text"] and first["rank"] == expected["divergent_rank"], (
+        data["first_divergence"])  # fmt: skip
+    assert first["level"] in ("warning", "error")
+
+
 # --- templates ---------------------------------------------------------------------------------------------
 
 
