@@ -347,9 +347,16 @@ def verify_diag_dir(diag_dir: Path, *, timeout_s: float = DEFAULT_TIMEOUT_S, all
         verdict = judge(exit_code=run.exit_code, timed_out=run.timed_out, timeout_s=timeout_s,
                         signature_id=signature_id, seen_line=seen, rerun_report=rerun,
                         initiating_rank=rank)  # fmt: skip
+        again = divergence_seen_again(pending.report, [Path(run.log_file)] if run.log_file else [],
+                                      Path(verify_dir) if verify_dir else None)  # fmt: skip
+        passed, summary = verdict.passed, verdict.summary
+        if again is not None and again.get("seen"):
+            passed = False
+            summary = (f"{summary.rstrip('.')}; but the line that first diverged from the known-good run is printed "
+                       f"again: {again['text'][:160]!r}")  # fmt: skip
         record = {
-            "passed": verdict.passed,
-            "summary": verdict.summary,
+            "passed": passed,
+            "summary": summary,
             "command": command,
             "allowed_by": "the allow-list" if parsed.allowed else "--allow-any-command",
             "exit_code": run.exit_code,
@@ -362,10 +369,47 @@ def verify_diag_dir(diag_dir: Path, *, timeout_s: float = DEFAULT_TIMEOUT_S, all
             "signature_seen": verdict.signature_seen,
             "rerun_report": str(Path(verify_dir) / REPORT_FILE) if rerun is not None and verify_dir else None,
             "rerun_status": rerun.get("status") if rerun is not None else None,
+            "first_divergence_again": again,
         }
     record["started_at"] = datetime.fromtimestamp(started_at).isoformat(timespec="seconds")
     _record(diag_dir, record)
     return record
+
+
+def divergence_seen_again(report: dict[str, Any], logs: list[Path], verify_dir: Path | None,
+                          limit: int = 256 << 20) -> dict[str, Any] | None:  # fmt: skip
+    """Whether the verification printed again the line that first diverged from the known-good run (the report's
+    first ``first_divergence`` row, by its template): None when the report has none."""
+    from elastic_diag.core.templates import pre_templates, template
+
+    rows = [r for r in _list(report.get("first_divergence")) if isinstance(r, dict) and isinstance(r.get("raw"), str)]
+    if not rows:
+        return None
+    row = rows[0]
+    want = template(pre_templates(row["raw"].encode("utf-8", "replace"))[0])
+    files = list(logs)
+    if verify_dir is not None and verify_dir.is_dir():
+        files += sorted(verify_dir.glob("attempt_*/rank_*/std*.log"))
+    read = 0
+    for f in files:
+        try:
+            with f.open("rb") as fh:
+                carry = b""
+                while read < limit:
+                    block = fh.read(4 << 20)
+                    read += len(block)
+                    chunk, _, carry = (carry + block).rpartition(b"\n") if block else (carry, b"", b"")
+                    if any(template(p) == want for p in set(pre_templates(chunk))):
+                        return {"text": str(row.get("text", "")), "seen": True, "where": str(f)}
+                    if not block:
+                        break
+        except OSError:
+            continue
+    return {"text": str(row.get("text", "")), "seen": False, "read": [str(f) for f in files]}
+
+
+def _list(value: Any) -> list[Any]:
+    return value if isinstance(value, list) else []
 
 
 def _record(diag_dir: Path, record: dict[str, Any]) -> None:

@@ -123,6 +123,14 @@ def get_parser() -> argparse.ArgumentParser:
         help="Run CMD REPORT_PATH (no shell) after a failed run's verdict (env ELASTIC_DIAG_NOTIFY_CMD).",
     )
     group.add_argument(
+        "--diag-known-good",
+        default=None,
+        metavar="PATH",
+        help="After a failed run's verdict, compare its logs with this good run of the same job (a diag dir, a log "
+        "dir or file): each rank's first line that the good run never printed, in the report (env "
+        "ELASTIC_DIAG_KNOWN_GOOD; with the ledger on and none given, the last successful run of the same job).",
+    )
+    group.add_argument(
         "--diag-drain",
         action="store_true",
         default=None,

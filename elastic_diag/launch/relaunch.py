@@ -32,7 +32,8 @@ SWITCH_SETTINGS = (ENV_SWITCH, settings.ENV_GRACE, settings.ENV_STACK_TIMEOUT, s
                    settings.ENV_CHECKPOINT_DIR, settings.ENV_VERIFY_TIMEOUT, settings.ENV_CONFIG,
                    settings.ENV_REQUEUE_EXIT_CODE, settings.ENV_TERMINATION_LOG, ENV_BEACON)  # fmt: skip
 # a verification tells nobody (its outcome is the gate's): no notification flag goes into it
-_REPLACED = {"torchrun-diag": ("--max-restarts", "--max_restarts", "--diag-dir", "--diag-notify", "--diag-notify-cmd"),
+_REPLACED = {"torchrun-diag": ("--max-restarts", "--max_restarts", "--diag-dir", "--diag-notify", "--diag-notify-cmd",
+                               "--diag-known-good"),
              "torchrun": ("--max-restarts", "--max_restarts")}  # fmt: skip
 
 

@@ -116,8 +116,10 @@ def run_diagnosed(args: argparse.Namespace, argv: Sequence[str] | None = None) -
         termination_log=args.diag_termination_log,
     )
     load_policy(config.restart_policy)  # a usage error before anything starts (open_session loads it again)
+    from elastic_diag.launch.known_good import ENV_KNOWN_GOOD
     from elastic_diag.ledger.tell import TellOptions
 
+    known_good = args.diag_known_good or os.environ.get(ENV_KNOWN_GOOD, "").strip() or None
     tell_options = TellOptions.resolve(ledger=args.diag_ledger, notify=args.diag_notify,
                                        notify_cmd=args.diag_notify_cmd,
                                        drain=args.diag_drain)  # fmt: skip
@@ -151,24 +153,25 @@ def run_diagnosed(args: argparse.Namespace, argv: Sequence[str] | None = None) -
             except Exception as copy_error:
                 session.internal_error("copying the root cause into the launcher's error file", copy_error)
         print(str(e), file=sys.stderr)
-        return _announce(end, session, tell_options)
+        return _announce(end, session, tell_options, known_good)
     except SignalException as e:  # scancel, a time limit, preemption, an eviction, Ctrl-C
         end = session.end("stopped", signum=int(e.sigval))
         defer_stop_signals(exiting=True)  # a late repeat of the signal must not turn exit 143 into a kill
-        return _announce(end, session, tell_options)
+        return _announce(end, session, tell_options, known_good)
     except BaseException as e:
         end = session.end("failed", launch_error="".join(traceback.format_exception(e)))
         if end.exit_code != EXIT_FAILED:  # a rendezvous timeout that asks for a requeue
             traceback.print_exception(e)
-            return _announce(end, session, tell_options)
-        _announce(end, session, tell_options)
+            return _announce(end, session, tell_options, known_good)
+        _announce(end, session, tell_options, known_good)
         raise
-    return _announce(session.end("succeeded"), session, tell_options)
+    return _announce(session.end("succeeded"), session, tell_options, known_good)
 
 
-def _announce(end: RunEnd, session: DiagSession, tell_options: TellOptions) -> int:
+def _announce(end: RunEnd, session: DiagSession, tell_options: TellOptions, known_good: str | None = None) -> int:
     """The summary, then the requeue decision's line, on stderr; then the verdict recorded in the ledger and told
-    (bounded, never changes the exit status); the exit status."""
+    (bounded, never changes the exit status); then, for a failure, the comparison with a known-good run; the exit
+    status."""
     _print_summary(end.report, str(session.report_path), session.unwritten)
     if end.requeue_line:
         print(end.requeue_line, file=sys.stderr)
@@ -181,6 +184,15 @@ def _announce(end: RunEnd, session: DiagSession, tell_options: TellOptions) -> i
         lines = [f"the verdict was not recorded or told: {e!r}"]
     for line in lines:
         print(f"torchrun-diag: {line}", file=sys.stderr)
+    if str(end.report.get("status")) != "succeeded":
+        from elastic_diag.launch.known_good import compare_after_verdict
+
+        try:
+            compared = compare_after_verdict(end.report, session.report_path.parent, known_good, tell_options.ledger)
+        except Exception as e:  # noqa: BLE001 - the job's outcome comes first
+            compared = [f"the comparison with a known-good run failed: {e!r}"]
+        for line in compared:
+            print(f"torchrun-diag: {line}", file=sys.stderr)
     return end.exit_code
 
 

@@ -342,6 +342,26 @@ class Ledger:
 
         return self._run(what, once)
 
+    def last_success(self, *, job_id: str | None = None, command: str | None = None) -> str | None:
+        """The report path of the newest successful run of the same job: the same ``job_id`` when one is given
+        (``ELASTIC_DIAG_JOB_ID``, a Slurm or Kubernetes job), else the same launch command (script and
+        arguments); None when there is none."""
+        if not job_id and not command:
+            return None
+
+        def newest(conn: sa.Connection) -> str | None:
+            import sqlalchemy as sa
+
+            t = self.table()
+            same = t.c.job_id == job_id if job_id else t.c.command == command
+            row = conn.execute(
+                sa.select(t.c.report_path).where(same, t.c.status == "succeeded", t.c.report_path.is_not(None))
+                .order_by(t.c.recorded_at.desc()).limit(1)
+            ).first()  # fmt: skip
+            return str(row[0]) if row is not None else None
+
+        return self.read("find the last successful run", newest)
+
     def table(self) -> sa.Table:
         return _tables()[2]
 

@@ -982,9 +982,9 @@ def format_analysis(a: Analysis, paint: Paint | None = None) -> str:
         out.append(f"  context ({len(a.context) - 1} lines before the decisive line):")
         out.extend(f"    | {shown(line)}" for line in a.context[-12:])
     if a.known_good is not None:
-        from elastic_diag.offline.divergence import format_known_good
+        from elastic_diag.report.known_good import format_known_good
 
-        out.extend(format_known_good(a.known_good, shown))
+        out.extend(format_known_good(a.known_good, a.known_good.get("first_divergence", []), shown))
     out.append(f"  read {len(a.files)} file(s)" + (f"; skipped {len(a.skipped)}:" if a.skipped else ""))
     out.extend(f"    {shown(s)}" for s in a.skipped[:20])
     return "\n".join(out)

@@ -69,6 +69,7 @@ class Occurrence:
     line: int  # 1-based, counted by LF as an editor does
     offset: int
     text: str
+    raw: str  # the line as printed (its template is what a verification looks for again)
     time: float | None
     level: str  # error / warning / info
     template: bytes
@@ -243,6 +244,7 @@ def _occurrences(chunk: bytes, pre: list[bytes], hits: set[bytes], bad: Mapping[
                     line = line_base + chunk.count(b"\n", 0, pos) + 1
                     novel.first[key] = Occurrence(rank=rank, file=source, line=line, offset=base + pos,
                                                   text=parsed.text.strip()[:TEXT_MAX] or text.strip()[:TEXT_MAX],
+                                                  raw=text[:TEXT_MAX],
                                                   time=parsed.time, level=level_of(text), template=t,
                                                   order=order)  # fmt: skip
         pos += len(p) + 1
@@ -265,6 +267,7 @@ class FirstError:
     source: str | None
     offset: int | None
     time: float | None
+    line: int | None = None  # a diag dir's rank log is read by line: its line number (no offset)
 
 
 def first_errors(evidence: Any) -> dict[int, FirstError]:
@@ -273,9 +276,14 @@ def first_errors(evidence: Any) -> dict[int, FirstError]:
     for ev in getattr(evidence, "ranks", ()):
         lines = [ln for ln in ev.lines if ln.source is not None or ln.time is not None]
         if not lines:
+            if getattr(ev, "first_error_time", None) is not None:  # an exception record's time, no line
+                out[ev.rank] = FirstError(None, None, ev.first_error_time)
             continue
         first = min(lines, key=lambda ln: ln.order)
-        out[ev.rank] = FirstError(_norm(first.source), first.offset, first.time)
+        line = first.order + 1 if first.offset is None and first.source and "/" not in first.source else None
+        when = first.time if first.time is not None else getattr(ev, "first_error_time", None)
+        out[ev.rank] = FirstError(_norm(first.source) if line is None else first.source, first.offset, when,
+                                  line)  # fmt: skip
     return out
 
 
@@ -295,6 +303,8 @@ def before(occ: Occurrence, err: FirstError | None) -> bool | None:
         return True  # no error on the rank: every novel line of it is before any error
     if err.source is not None and err.offset is not None and _norm(occ.file) == err.source:
         return occ.offset < err.offset
+    if err.line is not None and err.source == Path(occ.file).name:  # a rank folder's log, by its line number
+        return occ.line < err.line
     if err.time is not None and occ.time is not None:
         return occ.time < err.time
     return None
@@ -333,7 +343,7 @@ def first_divergences(novel: Novel, errors: Mapping[int, FirstError], initiating
         if err is not None and err.time is not None and occ.time is not None:
             ahead = round(err.time - occ.time, 3)
         rows.append({
-            "rank": rank, "file": occ.file, "line": occ.line, "text": occ.text, "time": occ.time,
+            "rank": rank, "file": occ.file, "line": occ.line, "text": occ.text, "raw": occ.raw, "time": occ.time,
             "seconds_before_error": ahead, "before_error": when[(rank, warning)], "level": occ.level,
             "ranks_printing": n_ranks, "count": novel.count.get(occ.template, 1),
         })  # fmt: skip
@@ -456,43 +466,11 @@ def with_known_good(analysis: Any, failed_paths: Sequence[str | Path], good_path
     return analysis
 
 
-def format_known_good(kg: Mapping[str, Any], shown: Any = str, top: int = 5) -> list[str]:
-    """The terminal's lines of the comparison."""
-    if kg.get("refused"):
-        return [f"  known-good run: {shown(kg['refused'])}"]
-    out = []
-    rows = kg.get("first_divergence") or []
-    good = f"{kg.get('good_files', 0)} file(s), {kg.get('good_lines', 0):,} lines"
-    if not rows:
-        out.append(f"  known-good run ({good}): no line before an error differs from it")
-    else:
-        out.append(f"  first divergence from the known-good run ({good}; {kg.get('novel_templates', 0)} new line "
-                   "shapes):")  # fmt: skip
-        for r in rows[:top]:
-            who = f"rank {r['rank']}" if r["rank"] is not None else "rank ?"
-            ahead = (f", {r['seconds_before_error']:g} s before its first error" if r.get("seconds_before_error")
-                     is not None else "")  # fmt: skip
-            only = ("a line of no rank (a launcher's, or no prefix)" if r["rank"] is None else "only this rank"
-                    if r["ranks_printing"] == 1 else f"{r['ranks_printing']} ranks")  # fmt: skip
-            out.append(f"    {who} [{r['level']}; {only}{ahead}] {Path(r['file']).name}:{r['line']}: "
-                       f"{shown(r['text'][:200])}")  # fmt: skip
-        if len(rows) > top:
-            out.append(f"    ... {len(rows) - top} more in --json (first_divergence)")
-    if kg.get("suspect"):
-        out.append(f"  suspect: rank {kg['suspect']['rank']}: {shown(kg['suspect']['reason'])}")
-    lay = kg.get("layout") or {}
-    if lay.get("changed"):
-        out.append(f"  layout changed: {shown('; '.join(lay['changes']))}")
-    out.extend(f"  note: {shown(n)}" for n in kg.get("notes", [])[:6])
-    return out
-
-
 __all__ = [
     "Side",
     "compare",
     "find_novel",
     "first_divergences",
-    "format_known_good",
     "learn",
     "suspect_of",
     "with_known_good",

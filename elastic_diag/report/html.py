@@ -152,6 +152,38 @@ def _verdict(report: dict[str, Any]) -> str:
     )
 
 
+def _known_good(report: dict[str, Any]) -> str:
+    """The comparison with a known-good run (report.json ``known_good`` and ``first_divergence``)."""
+    kg = _dict(report.get("known_good"))
+    if not kg:
+        return ""
+    good = ", ".join(str(g) for g in _list(_dict(kg.get("runs")).get("good")))
+    out = ['<section class="known-good" id="known-good"><h2>First divergence from the known-good run</h2>',
+           f'<p class="muted">compared with <code>{_e(good)}</code></p>']  # fmt: skip
+    if kg.get("refused"):
+        out.append(f"<p>{_e(kg['refused'])}</p>")
+    rows = [r for r in _list(report.get("first_divergence")) if isinstance(r, dict)]
+    if rows:
+        body = "".join(
+            f"<tr><td>{_e(r.get('rank') if r.get('rank') is not None else '?')}</td><td>{_e(r.get('level'))}</td>"
+            f"<td>{_e(r.get('ranks_printing'))}</td><td><code>{_e(Path(str(r.get('file'))).name)}:{_e(r.get('line'))}"
+            f"</code></td><td>{_e(r.get('seconds_before_error') if r.get('seconds_before_error') is not None else '')}"
+            f"</td><td><code>{_e(r.get('text'))}</code></td></tr>"
+            for r in rows[:20]
+        )  # fmt: skip
+        out.append("<table><tr><th>rank</th><th>level</th><th>ranks printing it</th><th>where</th>"
+                   f"<th>s before its error</th><th>the line</th></tr>{body}</table>")  # fmt: skip
+    elif not kg.get("refused"):
+        out.append("<p>No line before an error differs from the known-good run.</p>")
+    suspect = _dict(kg.get("suspect"))
+    if suspect:
+        out.append(f"<p><b>Suspect: rank {_e(suspect.get('rank'))}</b>: {_e(suspect.get('reason'))}</p>")
+    for n in _list(kg.get("notes"))[:6]:
+        out.append(f'<p class="muted">{_e(n)}</p>')
+    out.append("</section>")
+    return "".join(out)
+
+
 def _checklist(report: dict[str, Any]) -> str:
     """The seed's checklist (report.json ``checklist``, report/checklist.py), in its order."""
     items = _dict(report.get("checklist"))
@@ -424,6 +456,7 @@ def render_html(report: dict[str, Any], problems: Sequence[str] = (), source: st
         items = "".join(f"<li>{_e(p)}</li>" for p in problems)
         out.append(f'<section class="missing" id="missing"><b>Incomplete report</b><ul>{items}</ul></section>')
     out.append(_verdict(report))
+    out.append(_known_good(report))
     out.append(_checklist(report))
     for w in _list(report.get("warnings")):
         if isinstance(w, dict):

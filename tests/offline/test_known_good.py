@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -32,8 +33,9 @@ PLANTED = "checksum mismatch for shard-"
 OTHER_SCRIPT = FIXTURES / "logs" / "329_healthy_deepspeed_2proc_exits_successfully_glued_progress" / "console.log"
 
 
-def _run(argv: list[str], out: Path, diag_dir: Path | None, timeout: float = 90) -> int:
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+def _run(argv: list[str], out: Path, diag_dir: Path | None, timeout: float = 90,
+         env: dict[str, str] | None = None) -> int:  # fmt: skip
+    env = {**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}
     with out.open("wb") as fh:
         proc = subprocess.Popen(argv, stdout=fh, stderr=subprocess.STDOUT, env=env, cwd=ROOT, start_new_session=True)
         try:
@@ -60,21 +62,24 @@ def runs(tmp_path_factory) -> dict[str, Path]:
             _make_runs(d)
             (d / "done").write_text("")
     return {"good_diag": d / "good_diag", "good_console": d / "good_console.log",
-            "failed_console": d / "failed_console.log", "failed_diag": d / "failed_diag"}  # fmt: skip
+            "failed_console": d / "failed_console.log", "failed_diag": d / "failed_diag",
+            "failed_diag_out": d / "failed_diag.out"}  # fmt: skip
 
 
 def _make_runs(d: Path) -> None:
+    # the torchrun-diag runs keep their verdicts in a ledger, as one job: the failed one finds its good run there
+    ledger = {"ELASTIC_DIAG_LEDGER": str(d / "ledger.sqlite"), "ELASTIC_DIAG_JOB_ID": "known-good-test"}
     diag = [sys.executable, "-m", "elastic_diag.run", "--standalone", "--nproc-per-node", "2"]
     plain = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "--tee", "3"]
     job = [str(JOB), "--culprit", "1", "--fail-at", "4", "--pg-timeout", "4"]
     codes = {
         "good_diag": _run([*diag, "--diag-dir", str(d / "good_diag"), *job, "--seed", "1", "--steps", "9"],
-                          d / "good_diag.out", d / "good_diag"),
+                          d / "good_diag.out", d / "good_diag", env=ledger),
         "good_console": _run([*plain, *job, "--seed", "3", "--steps", "11"], d / "good_console.log", None),
         "failed_console": _run([*plain, *job, "--seed", "2", "--steps", "12", "--fail", "raise"],
                                d / "failed_console.log", None),
         "failed_diag": _run([*diag, "--diag-dir", str(d / "failed_diag"), *job, "--seed", "4", "--steps", "10",
-                             "--fail", "stall"], d / "failed_diag.out", d / "failed_diag"),
+                             "--fail", "stall"], d / "failed_diag.out", d / "failed_diag", env=ledger),
     }  # fmt: skip
     assert codes == {"good_diag": 0, "good_console": 0, "failed_console": 1, "failed_diag": 1}, codes
 
@@ -116,11 +121,13 @@ def test_two_good_runs_of_different_seeds_and_layouts_do_not_diverge(runs):
 
 @pytest.mark.multiprocess
 def test_the_command_line_and_its_text(runs):
-    done = subprocess.run([sys.executable, "-m", "elastic_diag", "analyze", str(runs["failed_console"]),
-                           "--known-good", str(runs["good_diag"])], capture_output=True, text=True, timeout=60)  # fmt: skip
+    argv = [sys.executable, "-m", "elastic_diag", "analyze", str(runs["failed_console"]), "--known-good",
+            str(runs["good_diag"])]  # fmt: skip
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=60)
     assert done.returncode == 1, done.stderr
     assert "first divergence from the known-good run" in done.stdout
-    assert f"rank 1 [warning; only this rank] {runs['failed_console'].name}:" in done.stdout, done.stdout
+    assert "rank 1 [warning; only this rank" in done.stdout, done.stdout
+    assert runs["failed_console"].name in done.stdout
 
 
 @pytest.mark.multiprocess
@@ -145,6 +152,59 @@ def test_another_script_and_an_empty_good_run_are_said_and_the_verdict_stands(ru
     assert data["diagnosis"]["initiating_rank"] == 1 and data["first_divergence"] == []
     missing = _compare(runs["failed_console"], tmp_path / "nothing-here")
     assert any("no such file" in n for n in missing["known_good"]["notes"]), missing["known_good"]
+
+
+# --- live: torchrun-diag compares after its verdict ------------------------------------------------------
+
+
+@pytest.mark.multiprocess
+def test_torchrun_diag_compares_with_the_last_good_run_of_the_job_from_the_ledger(runs):
+    report = json.loads((runs["failed_diag"] / "report.json").read_text())
+    validate(report)
+    kg, first = report["known_good"], report["first_divergence"][0]
+    assert kg["found"] == "the last successful run of job known-good-test (ledger)", kg
+    assert kg["runs"]["good"] == [str(runs["good_diag"])]
+    assert (first["rank"], first["level"]) == (1, "warning") and PLANTED in first["text"], report["first_divergence"]
+    assert first["seconds_before_error"] is not None and first["seconds_before_error"] > 0
+    said = runs["failed_diag_out"].read_text(errors="replace")
+    assert "torchrun-diag: compared with the known-good run" in said and "rank 1 [warning; only this rank" in said
+    # printed after the verdict: the summary comes first
+    assert said.index("elastic_diag: job FAILED") < said.index("compared with the known-good run"), said[-3000:]
+    page = (runs["failed_diag"] / "report.html").read_text()
+    assert 'id="known-good"' in page and "checksum mismatch for shard-" in page
+
+
+@pytest.mark.multiprocess
+def test_the_given_good_run_is_compared_and_merged_into_the_report(runs, tmp_path):
+    from elastic_diag.launch.known_good import compare_after_verdict
+
+    diag = tmp_path / "failed"
+    shutil.copytree(runs["failed_diag"], diag)
+    report = json.loads((diag / "report.json").read_text())
+    lines = compare_after_verdict(report, diag, str(runs["good_console"]), None)
+    assert lines[0] == f"compared with the known-good run {runs['good_console']} (given):", lines
+    merged = json.loads((diag / "report.json").read_text())
+    validate(merged)
+    assert merged["known_good"]["runs"]["good"] == [str(runs["good_console"])]
+    assert PLANTED in merged["first_divergence"][0]["text"]
+    gone = compare_after_verdict(report, diag, str(tmp_path / "no-such-run"), None)
+    assert gone and "no such file" in " ".join(gone), gone
+    assert compare_after_verdict({"status": "succeeded"}, diag, str(runs["good_console"]), None) == []
+
+
+def test_a_verification_fails_when_the_divergent_line_is_printed_again(tmp_path):
+    from elastic_diag.gate.rerun import divergence_seen_again
+
+    raw = "2026-12-04 15:54:13,449 WARNING trainer: checksum mismatch for shard-83792.tar (expected ce89d36c), using"
+    report = {"first_divergence": [{"rank": 1, "text": raw[24:], "raw": raw}]}
+    again = tmp_path / "again.log"
+    again.write_text("[default1]:2026-12-05 01:02:03,000 WARNING trainer: checksum mismatch for shard-00001.tar "
+                     "(expected 0badf00d), using\n")  # fmt: skip
+    clean = tmp_path / "clean.log"
+    clean.write_text("[default1]:2026-12-05 01:02:03,000 INFO trainer: step 3 loss 0.2\n" * 1000)
+    assert divergence_seen_again(report, [clean, again], None)["seen"] is True
+    assert divergence_seen_again(report, [clean], None)["seen"] is False
+    assert divergence_seen_again({}, [again], None) is None
 
 
 # --- written logs: what the runs cannot show cheaply -------------------------------------------------------
@@ -188,7 +248,9 @@ def test_when_no_rule_names_a_rank_a_divergence_on_one_rank_makes_it_the_suspect
         with (tmp_path / "failed_all" / f"rank_{r}.log").open("r+") as fh:
             text = fh.read()
             fh.seek(0)
-            fh.write(text.replace(" INFO step 60 ", " WARNING falling back to CPU decode: no nvjpeg\n0 INFO step 60 ", 1))
+            fh.write(
+                text.replace(" INFO step 60 ", " WARNING falling back to CPU decode: no nvjpeg\n0 INFO step 60 ", 1)
+            )
     every = _compare(tmp_path / "failed_all", tmp_path / "good")
     assert every["diagnosis"].get("suspected_rank") is None
     assert {r["ranks_printing"] for r in every["first_divergence"] if r["rank"] is not None} == {4}
