@@ -39,6 +39,26 @@ PLANTED = (
 )
 
 
+_WORDS = ("prefetch", "shard", "bucket", "allreduce", "overlap", "warmup", "cosine", "window", "token", "packing",
+          "rotary", "kv", "router", "expert", "capacity", "spill", "pinned", "stream", "graph", "compile", "guard",
+          "recompile", "offload", "zero", "stage", "gather", "scatter", "reshard", "flush", "queue")  # fmt: skip
+_MODULES = ("trainer", "loader", "checkpoint", "optim", "eval", "metrics", "data.shards", "comm", "profiler",
+            "scheduler", "moe", "fsdp")  # fmt: skip
+# about 250 more message shapes, as a real job's libraries print (each with its own numbers)
+_SHAPES = tuple(
+    f"[{_MODULES[i % len(_MODULES)]}.py:{40 + i}] {_WORDS[i % 30]} {_WORDS[i // 30 % 30]}: "
+    + " ".join(f"{_WORDS[(i + j * 11) % 30]}_{j}={{}}" for j in range(1 + i % 4))
+    for i in range(250)
+)
+
+
+def _chatter(rng: random.Random) -> str:
+    shape = _SHAPES[min(int(rng.expovariate(1 / 40)), len(_SHAPES) - 1)]  # a few common, many rare
+    values = [rng.choice((f"{rng.uniform(0, 100):.3f}", str(rng.randrange(10**6)), f"{rng.random():.2e}"))
+              for _ in range(shape.count("{}"))]  # fmt: skip
+    return shape.format(*values)
+
+
 def _bar(rng: random.Random, step: int, total: int) -> str:
     pct = 100 * step // total
     full = pct // 10
@@ -76,12 +96,14 @@ def rank_log(rank: int, ranks: int, target: int, seed: int, *, failed: bool, cul
         t = t0 + step * 0.37
         stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(t)) + f",{int(t * 1000) % 1000:03d}"
         k = rng.random()
-        if k < 0.55:
+        if k < 0.49:
             line = (f"[{stamp}][INFO][trainer.py:412] step {step}/{steps} loss {rng.uniform(0.5, 4):.4f} lr "
                     f"{rng.uniform(1e-5, 3e-4):.3e} grad_norm {rng.uniform(0.1, 3):.4f} tokens/s "
                     f"{rng.uniform(8e4, 1.2e5):.1f} mem {rng.uniform(40, 70):.2f}GB")  # fmt: skip
         elif k < 0.8:
             line = "\r".join(_bar(rng, step + i, steps) for i in range(3))
+        elif k < 0.86:
+            line = f"[{stamp}][INFO]{_chatter(rng)}"
         elif k < 0.93:
             line = (f"[{stamp}][DEBUG][loader.py:88] fetched shard-{rng.randrange(100000):05d}.tar "
                     f"({rng.randrange(10**6, 10**8)} bytes) in {rng.uniform(0.01, 2):.3f}s into "

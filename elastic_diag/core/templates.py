@@ -2,17 +2,19 @@
 
 A line's **template** is the line with its run-to-run variation made slots: every digit (times, steps, loss
 values, pids, ports, ranks in paths and prefixes), hexadecimal addresses, hashes and UUIDs (the letters a-f count
-as digits), temporary paths, the bar and counters of a progress bar, runs of spaces; a rank prefix (``[default3]:``,
-``[rank3]:``, ``3: ``, ``[1,3]<stderr>:``) and the host/pid/tid head of an NCCL line are taken off. Two runs of
-one script print the same templates; a line whose template the good run never printed is **novel**.
+as digits), temporary paths, the bar and counters of a progress bar (a line rewritten with CR is its last
+frame), runs of spaces; a rank prefix (``[default3]:``, ``[rank3]:``, ``3: ``, ``[1,3]<stderr>:``) and the
+host/pid/tid head of an NCCL line are taken off. Two runs of one script print the same templates; a line whose
+template the good run never printed is **novel**.
 
 The work is split for speed (a log of 200 MB is a few million lines; Python cannot touch each one):
 
-1. :func:`pre_templates`: a chunk of bytes has every digit and a-f letter made ``0`` and every non-ASCII byte ``\\x80``
-   (``bytes.translate``: C speed), then is split into lines. Most chatter of one run becomes a handful of
-   distinct "pre-templates" (a number's length still varies), so a ``set`` of them is small;
-2. :func:`template`: each *distinct* pre-template is finished with regular expressions (hex, UUIDs, number runs
-   made one ``0``, prefixes off). Its cost is per distinct shape, not per line.
+1. :func:`pre_templates`: a chunk of bytes has every digit and a-f letter made ``0`` and every non-ASCII byte
+   ``\\x80`` (``bytes.translate``: C speed), then is split into lines. Most chatter of one run becomes a few
+   thousand distinct "pre-templates" (a number's length still varies), so a ``set`` of them is small;
+2. :func:`template`: each distinct pre-template is finished with regular expressions (number runs made one
+   ``0``, prefixes off, the progress bar's frame), once per :func:`shape_key` (its runs of ``0`` made one). Its
+   cost is per distinct shape, not per line.
 
 Both are pure (no I/O, no torch): the reading is :mod:`elastic_diag.offline.divergence`'s.
 """
@@ -21,14 +23,13 @@ from __future__ import annotations
 
 import re
 
-# digits and the letters of hexadecimal -> "0", CR -> LF (a progress bar's frames are lines of their own), every
-# non-ASCII byte -> 0x80. The hex letters go too: an address, a hash, a request id would otherwise make every line
-# of its kind a distinct shape (and cost a regular expression each). A word is then kept by its other letters
-# ("Channel" -> "Ch0nn0l"): two messages that differ only in a-f letters share a template, a small price.
+# digits and the letters of hexadecimal -> "0", every non-ASCII byte -> 0x80. The hex letters go too: an address,
+# a hash, a request id would otherwise make every line of its kind a distinct shape (and cost a regular expression
+# each). A word is then kept by its other letters ("Channel" -> "0h0nn0l"): two messages that differ only in a-f
+# letters share a template, a small price.
 _TABLE = bytearray(range(256))
 for _d in b"123456789abcdefABCDEF":
     _TABLE[_d] = ord("0")
-_TABLE[ord("\r")] = ord("\n")
 for _b in range(0x80, 0x100):
     _TABLE[_b] = 0x80
 TRANSLATE = bytes(_TABLE)
@@ -73,18 +74,23 @@ def _slot(m: re.Match[bytes]) -> bytes:
 
 
 def pre_templates(chunk: bytes) -> list[bytes]:
-    """The chunk's lines with digits and a-f letters made ``0`` and non-ASCII bytes ``\\x80`` (one byte for one byte: a
-    pre-template has its raw line's length, so offsets stay true); CR ends a line as LF does."""
+    """The chunk's lines (split at LF, as an editor counts them) with digits and a-f letters made ``0`` and
+    non-ASCII bytes ``\\x80``: one byte for one byte, so a pre-template has its raw line's length and place."""
     return chunk.translate(TRANSLATE).split(b"\n")
 
 
-def raw_lines(chunk: bytes) -> list[bytes]:
-    """The chunk's raw lines, split where :func:`pre_templates` splits (CR and LF)."""
-    return chunk.replace(b"\r", b"\n").split(b"\n")
+def shape_key(pre: bytes) -> bytes:
+    """A pre-template with its runs of ``0`` made one (a number's length no longer matters): pre-templates with
+    the same key have the same template, so :func:`template` runs once per key."""
+    while b"00" in pre:
+        pre = pre.replace(b"00", b"0")
+    return pre
 
 
 def template(pre: bytes) -> bytes:
     """A pre-template finished: colour codes and prefixes off, every slot one token, ends trimmed."""
+    if b"\r" in pre:  # a progress bar's frames rewritten with CR: the last one is what the terminal showed
+        pre = next((seg for seg in reversed(pre.split(b"\r")) if seg.strip()), b"")
     if b"\x1b" in pre:
         pre = _ANSI.sub(b"", pre)
     pre = _PREFIX.sub(b"", pre, count=1)
@@ -102,4 +108,4 @@ def shown_template(t: bytes) -> str:
     return t.decode("utf-8", "replace").replace("\x80", "~").replace("\ufffd", "~")
 
 
-__all__ = ["TRANSLATE", "pre_templates", "raw_lines", "shown_template", "template"]
+__all__ = ["TRANSLATE", "pre_templates", "shape_key", "shown_template", "template"]

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from elastic_diag.core.log_lines import parse_line, rank_from_path
-from elastic_diag.core.templates import pre_templates, template
+from elastic_diag.core.templates import pre_templates, shape_key, template
 from elastic_diag.offline.files import binary_kind, iter_files, open_log
 
 MAX_TEMPLATES = 200_000  # distinct templates kept of a side (a few tens of MB); beyond, a note
@@ -73,7 +73,7 @@ class Occurrence:
     time: float | None
     level: str  # error / warning / info
     template: bytes
-    order: int  # the read's order (file, then offset)
+    order: int  # the read's order: the file's place in the read (bits 40 and up), then the byte offset
 
 
 def is_rank_output(f: Path) -> bool:
@@ -136,12 +136,29 @@ def _chunks(fp: Any, size: int = 8 << 20) -> Iterable[tuple[bytes, int]]:
         yield carry + b"\n", base
 
 
+class Shapes:
+    """:func:`template` once per :func:`shape_key` (pre-templates that differ only in their numbers' lengths)."""
+
+    def __init__(self) -> None:
+        self.of: dict[bytes, bytes] = {}
+
+    def template(self, pre: bytes) -> bytes:
+        key = shape_key(pre)
+        t = self.of.get(key)
+        if t is None:
+            t = template(pre)
+            if len(self.of) < MAX_SHAPES:
+                self.of[key] = t
+        return t
+
+
 def learn(paths: Sequence[str | Path]) -> Side:
     """The good run: the set of its templates."""
     started = time.perf_counter()
     side = Side(paths=[str(p) for p in paths])
     seen: set[bytes] = set()
     known = side.templates
+    shapes = Shapes()
     for f, fp in _files(paths, side.skipped):
         side.files.append(str(f))
         r = rank_from_path(f)
@@ -156,7 +173,7 @@ def learn(paths: Sequence[str | Path]) -> Side:
             if not new:
                 continue
             if len(known) < MAX_TEMPLATES:
-                known.update(map(template, new))
+                known.update(map(shapes.template, new))
             else:
                 side.capped = True
             if len(seen) < MAX_SHAPES:
@@ -188,7 +205,7 @@ def find_novel(paths: Sequence[str | Path], good: Side) -> Novel:
     ok: set[bytes] = set()  # pre-templates whose template the good run printed
     bad: dict[bytes, bytes] = {}  # pre-template -> its novel template
     failed_templates: set[bytes] = set()
-    order = 0
+    shapes = Shapes()
     for f, fp in _files(paths, side.skipped):
         side.files.append(str(f))
         file_rank = rank_from_path(f)
@@ -203,7 +220,7 @@ def find_novel(paths: Sequence[str | Path], good: Side) -> Novel:
             unknown = uniq - ok
             unknown.difference_update(bad)
             for p in unknown:
-                t = template(p)
+                t = shapes.template(p)
                 if len(failed_templates) < MAX_TEMPLATES:
                     failed_templates.add(t)
                 else:
@@ -215,8 +232,8 @@ def find_novel(paths: Sequence[str | Path], good: Side) -> Novel:
                     bad[p] = t
             hits = uniq.intersection(bad)
             if hits:
-                order = _occurrences(chunk, pre, hits, bad, novel, str(f), file_rank, base, line_base, order)
-            line_base += chunk.count(b"\n")
+                _occurrences(chunk, pre, hits, bad, novel, str(f), file_rank, base, line_base, len(side.files))
+            line_base += len(pre) - 1
     novel.templates_seen = len(failed_templates)
     novel.shared = len(failed_templates & known)
     side.seconds = time.perf_counter() - started
@@ -224,31 +241,36 @@ def find_novel(paths: Sequence[str | Path], good: Side) -> Novel:
 
 
 def _occurrences(chunk: bytes, pre: list[bytes], hits: set[bytes], bad: Mapping[bytes, bytes], novel: Novel,
-                 source: str, file_rank: int | None, base: int, line_base: int, order: int) -> int:  # fmt: skip
-    pos = 0
-    for p in pre:
-        if p in hits:
-            t = bad[p]
-            n = novel.count.get(t, 0) + 1
-            novel.count[t] = n
-            if n <= MAX_OCCURRENCES:
-                raw = chunk[pos : pos + len(p)]
-                text = raw.decode("utf-8", "replace")
-                parsed = parse_line(text)
-                rank = parsed.rank if parsed.rank is not None else file_rank
-                novel.ranks.setdefault(t, set()).add(rank)
-                key = (t, rank)
-                if key not in novel.first:
-                    order += 1
-                    # a CR inside a line (a progress bar's frames) split it here, not in an editor: count LFs
-                    line = line_base + chunk.count(b"\n", 0, pos) + 1
-                    novel.first[key] = Occurrence(rank=rank, file=source, line=line, offset=base + pos,
-                                                  text=parsed.text.strip()[:TEXT_MAX] or text.strip()[:TEXT_MAX],
-                                                  raw=text[:TEXT_MAX],
-                                                  time=parsed.time, level=level_of(text), template=t,
-                                                  order=order)  # fmt: skip
-        pos += len(p) + 1
-    return order
+                 source: str, file_rank: int | None, base: int, line_base: int, file_seq: int) -> None:  # fmt: skip
+    """The chunk's lines of novel shapes: counted (``list.count``), and their occurrences read for their rank
+    (``list.index``: C speed; Python reads only the lines it keeps). In a rank's own file the first occurrence is
+    the rank's first, unless its lines carry rank prefixes of their own."""
+    for p in hits:
+        t = bad[p]
+        seen = novel.count.get(t, 0)
+        novel.count[t] = seen + pre.count(p)
+        i = -1
+        while seen < MAX_OCCURRENCES:
+            try:
+                i = pre.index(p, i + 1)
+            except ValueError:
+                break
+            seen += 1
+            pos = sum(map(len, pre[:i])) + i  # pre-templates have their raw lines' lengths
+            text = chunk[pos : pos + len(p)].decode("utf-8", "replace")
+            parsed = parse_line(text)
+            rank = parsed.rank if parsed.rank is not None else file_rank
+            novel.ranks.setdefault(t, set()).add(rank)
+            key = (t, rank)
+            if key not in novel.first:
+                order = (file_seq << 40) + base + pos  # the read's order: the file, then the byte
+                line = line_base + i + 1
+                novel.first[key] = Occurrence(rank=rank, file=source, line=line, offset=base + pos,
+                                              text=parsed.text.strip()[:TEXT_MAX] or text.strip()[:TEXT_MAX],
+                                              raw=text[:TEXT_MAX], time=parsed.time, level=level_of(text),
+                                              template=t, order=order)  # fmt: skip
+            if file_rank is not None and parsed.rank is None:
+                break  # a rank's own file: its later lines of this shape are the same rank's
 
 
 def level_of(text: str) -> str:

@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 from helpers import FIXTURES, ROOT, kill_leftovers
 
-from elastic_diag.core.templates import pre_templates, template
+from elastic_diag.core.templates import pre_templates, shape_key, template
 from elastic_diag.offline.analyze import analyze_paths
 from elastic_diag.offline.divergence import with_known_good
 from elastic_diag.report.schema import validate
@@ -320,7 +320,9 @@ def test_what_matters_keeps_templates_apart(pair):
     assert a != b
 
 
-def test_crlf_frames_and_offsets_stay_with_their_raw_lines():
+def test_a_line_keeps_its_length_and_its_last_progress_frame_is_its_shape():
     chunk = b"a 1\rb 22\nc 333\n"
     pre = pre_templates(chunk)
-    assert [len(p) for p in pre] == [3, 4, 5, 0] and sum(len(p) + 1 for p in pre) == len(chunk) + 1
+    assert [len(p) for p in pre] == [8, 5, 0]  # split at LF only, one byte for one byte: offsets stay true
+    assert template(pre[0]) == template(pre_templates(b"b 7")[0])  # the frame the terminal showed last
+    assert shape_key(pre_templates(b"step 12345 loss 0.25")[0]) == shape_key(pre_templates(b"step 7 loss 1.5")[0])
