@@ -29,9 +29,11 @@ from elastic_diag.core.log_lines import parse_line, rank_from_path
 from elastic_diag.core.templates import pre_templates, shape_key, template
 from elastic_diag.offline.files import binary_kind, iter_files, open_log
 
-MAX_TEMPLATES = 200_000  # distinct templates kept of a side (a few tens of MB); beyond, a note
-MAX_SHAPES = 400_000  # distinct pre-templates remembered as already judged (a cache: beyond, judged again)
+MAX_TEMPLATES = 50_000  # distinct templates kept of a side (real logs have hundreds to a few thousand)
+MAX_SHAPES = 100_000  # distinct pre-templates remembered as already judged (a cache: beyond, judged again)
 MAX_OCCURRENCES = 4_096  # occurrences of one novel template read for their rank (beyond: counted only)
+MAX_NOVEL = 10_000  # novel templates kept (beyond: their lines counted in ``Novel.dropped``, a note)
+FEW_HITS = 32  # novel shapes in a chunk found one by one (list.index); more: one pass over the chunk
 MAX_SHOWN = 64  # first divergences kept in the result
 TEXT_MAX = 400
 NOT_LOGS = (".json", ".pkl", ".pickle", ".tmp", ".html", ".sqlite", ".pt", ".bin", ".safetensors")
@@ -172,10 +174,11 @@ def learn(paths: Sequence[str | Path]) -> Side:
             new -= seen
             if not new:
                 continue
-            if len(known) < MAX_TEMPLATES:
-                known.update(map(shapes.template, new))
-            else:
-                side.capped = True
+            for p in new:
+                if len(known) >= MAX_TEMPLATES:
+                    side.capped = True
+                    break
+                known.add(shapes.template(p))
             if len(seen) < MAX_SHAPES:
                 seen |= new
     known.add(b"")
@@ -194,6 +197,7 @@ class Novel:
     ranks: dict[bytes, set[int | None]] = field(default_factory=dict)
     templates_seen: int = 0  # distinct templates of the failed run
     shared: int = 0  # of them, in the good run
+    dropped: int = 0  # lines of novel templates beyond MAX_NOVEL
 
 
 def find_novel(paths: Sequence[str | Path], good: Side) -> Novel:
@@ -219,7 +223,14 @@ def find_novel(paths: Sequence[str | Path], good: Side) -> Novel:
             uniq = set(pre)
             unknown = uniq - ok
             unknown.difference_update(bad)
-            for p in unknown:
+            hits = {p: bad[p] for p in uniq.intersection(bad)}  # this chunk's novel shapes: pre-template -> template
+            if len(novel.count) >= MAX_NOVEL:  # a log mostly unlike the good one: what is left is only counted
+                novel.dropped += len(unknown)
+                unknown = set()
+            for n, p in enumerate(unknown):
+                if len(hits) + len(novel.count) >= MAX_NOVEL:  # mostly unlike the good run: the rest only counted
+                    novel.dropped += len(unknown) - n
+                    break
                 t = shapes.template(p)
                 if len(failed_templates) < MAX_TEMPLATES:
                     failed_templates.add(t)
@@ -228,11 +239,12 @@ def find_novel(paths: Sequence[str | Path], good: Side) -> Novel:
                 if t in known:
                     if len(ok) < MAX_SHAPES:
                         ok.add(p)
-                else:
+                    continue
+                hits[p] = t
+                if len(bad) < MAX_SHAPES:
                     bad[p] = t
-            hits = uniq.intersection(bad)
             if hits:
-                _occurrences(chunk, pre, hits, bad, novel, str(f), file_rank, base, line_base, len(side.files))
+                _occurrences(chunk, pre, hits, novel, str(f), file_rank, base, line_base, len(side.files))
             line_base += len(pre) - 1
     novel.templates_seen = len(failed_templates)
     novel.shared = len(failed_templates & known)
@@ -240,37 +252,62 @@ def find_novel(paths: Sequence[str | Path], good: Side) -> Novel:
     return novel
 
 
-def _occurrences(chunk: bytes, pre: list[bytes], hits: set[bytes], bad: Mapping[bytes, bytes], novel: Novel,
-                 source: str, file_rank: int | None, base: int, line_base: int, file_seq: int) -> None:  # fmt: skip
-    """The chunk's lines of novel shapes: counted (``list.count``), and their occurrences read for their rank
-    (``list.index``: C speed; Python reads only the lines it keeps). In a rank's own file the first occurrence is
-    the rank's first, unless its lines carry rank prefixes of their own."""
-    for p in hits:
-        t = bad[p]
-        seen = novel.count.get(t, 0)
-        novel.count[t] = seen + pre.count(p)
+def _occurrences(chunk: bytes, pre: list[bytes], hits: Mapping[bytes, bytes], novel: Novel, source: str,
+                 file_rank: int | None, base: int, line_base: int, file_seq: int) -> None:  # fmt: skip
+    """The chunk's lines of novel shapes (``hits``: pre-template -> template): counted, and read for their rank.
+    A few shapes are found with ``list.count`` / ``list.index`` (C speed; Python reads only the lines it keeps);
+    many (a log of garbage, another script) in one pass over the chunk. In a rank's own file the first occurrence
+    is the rank's first, unless its lines carry rank prefixes of their own."""
+    if len(hits) > FEW_HITS:
+        pos = 0
+        for i, p in enumerate(pre):
+            t = hits.get(p)
+            if t is not None and _keep(novel, t, 1):
+                _read(novel, t, chunk, p, pos, i, source, file_rank, base, line_base, file_seq)
+            pos += len(p) + 1
+        return
+    for p, t in hits.items():
+        n = pre.count(p)
+        if not _keep(novel, t, n):
+            continue
         i = -1
-        while seen < MAX_OCCURRENCES:
-            try:
-                i = pre.index(p, i + 1)
-            except ValueError:
-                break
-            seen += 1
+        for _ in range(min(n, MAX_OCCURRENCES)):
+            i = pre.index(p, i + 1)
             pos = sum(map(len, pre[:i])) + i  # pre-templates have their raw lines' lengths
-            text = chunk[pos : pos + len(p)].decode("utf-8", "replace")
-            parsed = parse_line(text)
-            rank = parsed.rank if parsed.rank is not None else file_rank
-            novel.ranks.setdefault(t, set()).add(rank)
-            key = (t, rank)
-            if key not in novel.first:
-                order = (file_seq << 40) + base + pos  # the read's order: the file, then the byte
-                line = line_base + i + 1
-                novel.first[key] = Occurrence(rank=rank, file=source, line=line, offset=base + pos,
-                                              text=parsed.text.strip()[:TEXT_MAX] or text.strip()[:TEXT_MAX],
-                                              raw=text[:TEXT_MAX], time=parsed.time, level=level_of(text),
-                                              template=t, order=order)  # fmt: skip
-            if file_rank is not None and parsed.rank is None:
+            parsed_rank = _read(novel, t, chunk, p, pos, i, source, file_rank, base, line_base, file_seq)
+            if file_rank is not None and parsed_rank is None:
                 break  # a rank's own file: its later lines of this shape are the same rank's
+
+
+def _keep(novel: Novel, t: bytes, n: int) -> bool:
+    """Count ``n`` more lines of novel template ``t``; whether to read them (a bounded number of templates and of
+    lines of each)."""
+    seen = novel.count.get(t)
+    if seen is None:
+        if len(novel.count) >= MAX_NOVEL:
+            novel.dropped += n
+            return False
+        seen = 0
+    novel.count[t] = seen + n
+    return seen < MAX_OCCURRENCES
+
+
+def _read(novel: Novel, t: bytes, chunk: bytes, p: bytes, pos: int, i: int, source: str, file_rank: int | None,
+          base: int, line_base: int, file_seq: int) -> int | None:  # fmt: skip
+    """One line of a novel shape read for its rank; its first on that rank kept. The rank its prefix gave."""
+    text = chunk[pos : pos + len(p)].decode("utf-8", "replace")
+    parsed = parse_line(text)
+    rank = parsed.rank if parsed.rank is not None else file_rank
+    ranks = novel.ranks.setdefault(t, set())
+    if len(ranks) < MAX_OCCURRENCES:
+        ranks.add(rank)
+    key = (t, rank)
+    if key not in novel.first:
+        novel.first[key] = Occurrence(rank=rank, file=source, line=line_base + i + 1, offset=base + pos,
+                                      text=parsed.text.strip()[:TEXT_MAX] or text.strip()[:TEXT_MAX],
+                                      raw=text[:TEXT_MAX], time=parsed.time, level=level_of(text), template=t,
+                                      order=(file_seq << 40) + base + pos)  # fmt: skip
+    return parsed.rank
 
 
 def level_of(text: str) -> str:
@@ -440,6 +477,9 @@ def compare(failed_paths: Sequence[str | Path], good_paths: Sequence[str | Path]
         notes.append(f"the two runs have few line shapes in common: the failed run printed only {100 * share:.0f} % of "
                      f"the good run's ({novel.shared} of {good_shapes}); the known-good run looks like another script "
                      "(or the logs are excerpts of different parts of the runs)")  # fmt: skip
+    if novel.dropped:
+        notes.append(f"more than {MAX_NOVEL:,} novel line shapes: the rest (at least {novel.dropped:,} lines) were "
+                     "counted, not read (the failed run is mostly unlike the good one)")  # fmt: skip
     if good.capped or novel.side.capped:
         notes.append(f"more than {MAX_TEMPLATES:,} distinct line shapes: the comparison kept the first "
                      f"{MAX_TEMPLATES:,} (lines of the shapes beyond were not all judged)")  # fmt: skip

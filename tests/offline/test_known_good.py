@@ -326,3 +326,21 @@ def test_a_line_keeps_its_length_and_its_last_progress_frame_is_its_shape():
     assert [len(p) for p in pre] == [8, 5, 0]  # split at LF only, one byte for one byte: offsets stay true
     assert template(pre[0]) == template(pre_templates(b"b 7")[0])  # the frame the terminal showed last
     assert shape_key(pre_templates(b"step 12345 loss 0.25")[0]) == shape_key(pre_templates(b"step 7 loss 1.5")[0])
+
+
+def test_a_log_of_garbage_on_either_side_is_bounded_and_said(tmp_path):
+    import base64
+    import random
+    import time
+
+    rng = random.Random(5)
+    garbage = tmp_path / "garbage.log"
+    garbage.write_bytes(b"\n".join(base64.b64encode(rng.randbytes(60)) for _ in range(120_000)) + b"\n")
+    _write_run(tmp_path / "good", 2, 1, warn_rank=None, timeout=False)
+    started = time.monotonic()
+    as_failed = _compare(garbage, tmp_path / "good")
+    as_good = _compare(tmp_path / "good", garbage)
+    assert time.monotonic() - started < 60
+    assert any("novel line shapes" in n for n in as_failed["known_good"]["notes"]), as_failed["known_good"]
+    assert any("distinct line shapes" in n for n in as_good["known_good"]["notes"]), as_good["known_good"]
+    assert len(as_failed["first_divergence"]) <= 64
