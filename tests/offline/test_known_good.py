@@ -49,39 +49,51 @@ def _run(argv: list[str], out: Path, diag_dir: Path | None, timeout: float = 90,
                 kill_leftovers(diag_dir)
 
 
+class Runs:
+    """The four runs, each made once for the session's xdist workers together (a lock per run in their shared temp
+    root): two workers needing different runs make them side by side. The failed torchrun-diag run finds its good
+    run in a ledger both keep, as one job."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        root.mkdir(exist_ok=True)
+        self.ledger = {"ELASTIC_DIAG_LEDGER": str(root / "ledger.sqlite"), "ELASTIC_DIAG_JOB_ID": "known-good-test"}
+
+    def __getitem__(self, name: str) -> Path:
+        from filelock import FileLock
+
+        if name == "failed_diag_out":
+            self["failed_diag"]
+            return self.root / "failed_diag.out"
+        path = self.root / (name + (".log" if name.endswith("console") else ""))
+        with FileLock(str(self.root / f"{name}.lock")):
+            if not (self.root / f"{name}.done").exists():
+                self._make(name)
+                (self.root / f"{name}.done").write_text("")
+        return path
+
+    def _make(self, name: str) -> None:
+        d = self.root
+        diag = [sys.executable, "-m", "elastic_diag.run", "--standalone", "--nproc-per-node", "2"]
+        plain = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "--tee", "3"]
+        job = [str(JOB), "--culprit", "1", "--fail-at", "4", "--pg-timeout", "4"]
+        if name == "good_diag":
+            code = _run([*diag, "--diag-dir", str(d / name), *job, "--seed", "1", "--steps", "9"], d / f"{name}.out",
+                        d / name, env=self.ledger)  # fmt: skip
+        elif name == "good_console":
+            code = _run([*plain, *job, "--seed", "3", "--steps", "11"], d / f"{name}.log", None)
+        elif name == "failed_console":
+            code = _run([*plain, *job, "--seed", "2", "--steps", "12", "--fail", "raise"], d / f"{name}.log", None)
+        else:
+            self["good_diag"]  # in the ledger first: the failed run looks for it there
+            code = _run([*diag, "--diag-dir", str(d / name), *job, "--seed", "4", "--steps", "10", "--fail", "stall"],
+                        d / f"{name}.out", d / name, env=self.ledger)  # fmt: skip
+        assert code == (0 if name.startswith("good") else 1), (name, code)
+
+
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory) -> dict[str, Path]:
-    """The four runs, made once for the session's xdist workers together (a lock in their shared temp root)."""
-    from filelock import FileLock
-
-    root = tmp_path_factory.getbasetemp().parent
-    d = root / "known_good_runs"
-    with FileLock(str(root / "known_good_runs.lock")):
-        if not (d / "done").exists():
-            d.mkdir(exist_ok=True)
-            _make_runs(d)
-            (d / "done").write_text("")
-    return {"good_diag": d / "good_diag", "good_console": d / "good_console.log",
-            "failed_console": d / "failed_console.log", "failed_diag": d / "failed_diag",
-            "failed_diag_out": d / "failed_diag.out"}  # fmt: skip
-
-
-def _make_runs(d: Path) -> None:
-    # the torchrun-diag runs keep their verdicts in a ledger, as one job: the failed one finds its good run there
-    ledger = {"ELASTIC_DIAG_LEDGER": str(d / "ledger.sqlite"), "ELASTIC_DIAG_JOB_ID": "known-good-test"}
-    diag = [sys.executable, "-m", "elastic_diag.run", "--standalone", "--nproc-per-node", "2"]
-    plain = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "--tee", "3"]
-    job = [str(JOB), "--culprit", "1", "--fail-at", "4", "--pg-timeout", "4"]
-    codes = {
-        "good_diag": _run([*diag, "--diag-dir", str(d / "good_diag"), *job, "--seed", "1", "--steps", "9"],
-                          d / "good_diag.out", d / "good_diag", env=ledger),
-        "good_console": _run([*plain, *job, "--seed", "3", "--steps", "11"], d / "good_console.log", None),
-        "failed_console": _run([*plain, *job, "--seed", "2", "--steps", "12", "--fail", "raise"],
-                               d / "failed_console.log", None),
-        "failed_diag": _run([*diag, "--diag-dir", str(d / "failed_diag"), *job, "--seed", "4", "--steps", "10",
-                             "--fail", "stall"], d / "failed_diag.out", d / "failed_diag", env=ledger),
-    }  # fmt: skip
-    assert codes == {"good_diag": 0, "good_console": 0, "failed_console": 1, "failed_diag": 1}, codes
+def runs(tmp_path_factory) -> Runs:
+    return Runs(tmp_path_factory.getbasetemp().parent / "known_good_runs")
 
 
 def _compare(failed: Path, good: Path, insist: bool = False) -> dict:
