@@ -113,29 +113,17 @@ def _files(paths: Iterable[str | Path], skipped: list[str]) -> Iterable[tuple[Pa
                 skipped.append(f"{f}: {getattr(e, 'strerror', None) or e}")
 
 
-def _chunks(fp: Any, size: int = 8 << 20) -> Iterable[tuple[bytes, int]]:
-    """Whole lines, at most about ``size`` bytes at a time, with their offsets (a gzipped log cut short: what
-    was read)."""
-    carry = b""
-    base = 0
-    while True:
+def _chunks(fp: Any) -> Iterable[tuple[bytes, int]]:
+    """Whole lines with their offsets, as the analyzer reads them (a gzipped log cut short: what was read)."""
+    from elastic_diag.offline.analyze import chunks_of
+
+    def read(n: int) -> bytes:
         try:
-            block = fp.read(size)
+            return bytes(fp.read(n))
         except EOFError:
-            block = b""
-        if not block:
-            break
-        data = carry + block
-        cut = data.rfind(b"\n")
-        if cut < 0 and len(data) < 4 * size:
-            carry = data
-            continue
-        cut = cut if cut >= 0 else len(data) - 1
-        chunk, carry = data[: cut + 1], data[cut + 1 :]
-        yield chunk, base
-        base += len(chunk)
-    if carry:
-        yield carry + b"\n", base
+            return b""
+
+    return chunks_of(read, None)
 
 
 class Shapes:
